@@ -58,7 +58,7 @@ def build_tiny_llama(directory: Path, spec: TinyLlamaSpec | None = None) -> Path
         tie_word_embeddings=False,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype))
+    model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype))  # type: ignore[no-untyped-call]
     model.save_pretrained(directory)
     marker.write_text(wanted)
     return directory

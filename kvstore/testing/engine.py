@@ -70,7 +70,9 @@ def engine(
         gc.collect()
 
 
-def generate_greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int = 8) -> list[list[int]]:
+def generate_greedy(
+    llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int = 8
+) -> list[list[int]]:
     """Greedy-decode each token-id prompt; return the generated token ids per prompt."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
