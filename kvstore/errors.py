@@ -1,0 +1,30 @@
+"""Errors raised by kvstore.
+
+    KVStoreError
+    ├── ConfigError        a bad config key or CLI option: names it and what is allowed
+    ├── StoreNotFoundError a path that is not a kvstore store
+    └── KeyLookupError     a key prefix that matches nothing, or several keys
+
+Errors from the storage media (`tiers.errors.TierError` and subclasses) pass through unchanged.
+Expected outcomes on the step path (tier full, nothing evictable) are return values, not errors.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "KVStoreError", "KeyLookupError", "StoreNotFoundError"]
+
+
+class KVStoreError(Exception):
+    """Root of kvstore's own errors."""
+
+
+class ConfigError(KVStoreError, ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class StoreNotFoundError(KVStoreError):
+    """The path does not hold a kvstore store."""
+
+
+class KeyLookupError(KVStoreError, LookupError):
+    """A key or key prefix matches no chunk, or more than one."""
