@@ -1,18 +1,17 @@
-"""The `kvstore` command line."""
+"""The `kvstore` command line: one typer app; each module below registers its commands on it.
+
+Conventions for every command: read commands take `--json` and then print exactly one JSON
+document on stdout; human output is a rich table; progress and logs go to stderr; exit codes are
+0 ok, 1 operational failure, 2 usage.
+"""
 
 from __future__ import annotations
 
-import typer
+from kvstore.cli.app import app
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+# Command modules register on `app` when imported (one line each, keep sorted).
 
-
-@app.command()
-def version() -> None:
-    """Print the kvstore version."""
-    from kvstore import __version__
-
-    typer.echo(__version__)
+__all__ = ["app", "main"]
 
 
 def main() -> None:
