@@ -1,0 +1,237 @@
+"""`KVStoreMetrics`: the typed recording API the tier service, the connector and the bus call.
+
+Threading: every method is thread-safe (prometheus-client's values are atomic; the custom
+collectors lock). Nothing here does I/O; the exporter reads the registry from its own thread.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info
+
+from kvstore import __version__
+from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
+from kvstore.keys import Tier
+from kvstore.metrics import names
+from kvstore.metrics.collectors import (
+    Occupancy,
+    OccupancyCollector,
+    OccupancySource,
+    TransferCollector,
+)
+from kvstore.metrics.labels import (
+    DROP_REASONS,
+    REMOVAL_REASONS,
+    TIERS,
+    Direction,
+    IOOp,
+    QueueName,
+    removal_reason,
+)
+from kvstore.metrics.stats import TransferStats
+
+__all__ = ["KVStoreMetrics"]
+
+TierHits = tuple[int, int]
+"""(chunks, tokens) found in one tier by one lookup."""
+
+
+def _check_count(name: str, n: int) -> None:
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+
+
+class KVStoreMetrics:
+    """kvstore's metrics on one `CollectorRegistry`; every labelled series exists from the start.
+
+    Pass a fresh registry per engine (and per test); `KVStoreMetrics.on_default_registry()` uses
+    prometheus-client's global one. Event sinks register with `add_sink` so their series exist.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self._lookups = Counter(names.LOOKUPS, "Lookups (prefix queries from vLLM).", registry=r)
+        self._lookup_chunks = Counter(
+            names.LOOKUP_CHUNKS, "Chunks asked for by lookups.", registry=r
+        )
+        self._lookup_tokens = Counter(
+            names.LOOKUP_TOKENS, "Tokens asked for by lookups.", registry=r
+        )
+        tier = ["tier"]
+        self._hit_chunks = Counter(names.HIT_CHUNKS, "Chunks found, per tier.", tier, registry=r)
+        self._hit_tokens = Counter(names.HIT_TOKENS, "Tokens found, per tier.", tier, registry=r)
+        self._stored = Counter(names.STORED_CHUNKS, "Chunks stored, per tier.", tier, registry=r)
+        self._removed = Counter(
+            names.REMOVED_CHUNKS, "Chunks removed, per tier and reason.", ["tier", "reason"],
+            registry=r,
+        )  # fmt: skip
+        self._evicted = Counter(names.EVICTED_CHUNKS, "Chunks evicted, per tier.", tier, registry=r)
+        self._checksum = Counter(
+            names.CHECKSUM_FAILURES, "Values whose checksum did not match.", tier, registry=r
+        )
+        for t in TIERS:
+            for counter in (self._hit_chunks, self._hit_tokens, self._stored, self._evicted):
+                counter.labels(t.value)
+            self._checksum.labels(t.value)
+            for reason in REMOVAL_REASONS:
+                self._removed.labels(t.value, reason)
+
+        self._transfers = TransferCollector()
+        r.register(self._transfers)
+        self._occupancy = OccupancyCollector()
+        r.register(self._occupancy)
+
+        self._queue_depth = Gauge(names.QUEUE_DEPTH, "Items waiting.", ["queue"], registry=r)
+        self._queue_capacity = Gauge(
+            names.QUEUE_CAPACITY, "Bound of a queue.", ["queue"], registry=r
+        )
+        self._queue_dropped = Counter(
+            names.QUEUE_DROPPED, "Work items dropped.", ["queue", "reason"], registry=r
+        )
+        for q in QueueName:
+            self._queue_depth.labels(q.value)
+            self._queue_capacity.labels(q.value)
+            for reason in DROP_REASONS:
+                self._queue_dropped.labels(q.value, reason)
+        self._sink_written = Counter(
+            names.SINK_WRITTEN_EVENTS, "Events written by a sink.", ["sink"], registry=r
+        )
+        self._sink_dropped = Counter(
+            names.SINK_DROPPED_EVENTS, "Events a sink lost.", ["sink", "reason"], registry=r
+        )
+        self._sink_errors = Counter(
+            names.SINK_ERRORS, "Sink writes that failed.", ["sink"], registry=r
+        )
+
+        self._io_errors = Counter(names.IO_ERRORS, "Storage I/O errors.", ["op"], registry=r)
+        for op in IOOp:
+            self._io_errors.labels(op.value)
+        self._load_failed = Counter(
+            names.LOAD_FAILED_CHUNKS, "Chunks whose load was reported failed to vLLM.", registry=r
+        )
+        self._keys_stable = Gauge(
+            names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
+        )
+        build = Info(names.BUILD_INFO.removesuffix("_info"), "kvstore build.", registry=r)
+        build.info({"version": __version__, "python_version": platform.python_version()})
+        self._config = Info(
+            names.CONFIG_INFO.removesuffix("_info"), "kvstore configuration.", registry=r
+        )
+
+    @classmethod
+    def on_default_registry(cls) -> KVStoreMetrics:
+        """On prometheus-client's global registry (once per process)."""
+        return cls(REGISTRY)
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def record_lookup(
+        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, TierHits]
+    ) -> None:
+        """One lookup of `num_chunks` chunks (`num_tokens` tokens) and what each tier served."""
+        _check_count("num_chunks", num_chunks)
+        _check_count("num_tokens", num_tokens)
+        self._lookups.inc()
+        self._lookup_chunks.inc(num_chunks)
+        self._lookup_tokens.inc(num_tokens)
+        for tier, (chunks, tokens) in hits_by_tier.items():
+            label = Tier(tier).value
+            self._hit_chunks.labels(label).inc(chunks)
+            self._hit_tokens.labels(label).inc(tokens)
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def record_events(self, events: Sequence[TierEvent]) -> None:
+        """Count stored, removed and evicted chunks per tier from the internal events."""
+        for event in events:
+            tier = Tier(event.tier).value
+            n = len(event.keys)
+            if isinstance(event, ChunkStored):
+                self._stored.labels(tier).inc(n)
+            elif isinstance(event, ChunkRemoved):
+                reason = removal_reason(event.reason)
+                self._removed.labels(tier, reason).inc(n)
+                if reason == "evicted":
+                    self._evicted.labels(tier).inc(n)
+
+    # -- transfers -----------------------------------------------------------------------------
+
+    def observe_transfer(
+        self, direction: Direction, num_bytes: int, duration_s: float, ok: bool
+    ) -> None:
+        """One transfer finished here (in the scheduler process: CPU↔disk)."""
+        _check_count("num_bytes", num_bytes)
+        self._transfers.observe(Direction(direction), num_bytes, duration_s, ok)
+
+    def record_transfer_stats(self, stats: TransferStats) -> None:
+        """Merge a worker's accumulated transfers (engine↔CPU)."""
+        self._transfers.add(stats)
+
+    # -- occupancy -----------------------------------------------------------------------------
+
+    def set_occupancy(self, tier: Tier, occupancy: Occupancy) -> None:
+        self._occupancy.set(tier, occupancy)
+
+    def set_occupancy_source(self, tier: Tier, source: OccupancySource | None) -> None:
+        """Read `tier`'s occupancy at scrape time from `source` (None stops pulling)."""
+        self._occupancy.set_source(tier, source)
+
+    # -- queues and sinks ----------------------------------------------------------------------
+
+    def set_queue_depth(self, queue: QueueName, depth: int, capacity: int | None = None) -> None:
+        label = QueueName(queue).value
+        self._queue_depth.labels(label).set(depth)
+        if capacity is not None:
+            self._queue_capacity.labels(label).set(capacity)
+
+    def record_queue_drop(self, queue: QueueName, n: int = 1, reason: str = "queue_full") -> None:
+        _check_count("n", n)
+        self._queue_dropped.labels(QueueName(queue).value, _drop_reason(reason)).inc(n)
+
+    def add_sink(self, sink: str) -> None:
+        """Create a sink's series (at zero). Sink names are fixed by code, never by data."""
+        self._sink_written.labels(sink)
+        self._sink_errors.labels(sink)
+        for reason in DROP_REASONS:
+            self._sink_dropped.labels(sink, reason)
+
+    def record_sink_written(self, sink: str, num_events: int) -> None:
+        self._sink_written.labels(sink).inc(num_events)
+
+    def record_sink_drop(self, sink: str, num_events: int, reason: str = "queue_full") -> None:
+        _check_count("num_events", num_events)
+        self._sink_dropped.labels(sink, _drop_reason(reason)).inc(num_events)
+
+    def record_sink_error(self, sink: str) -> None:
+        self._sink_errors.labels(sink).inc()
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def record_checksum_failure(self, tier: Tier, n: int = 1) -> None:
+        self._checksum.labels(Tier(tier).value).inc(n)
+
+    def record_io_error(self, op: IOOp, n: int = 1) -> None:
+        self._io_errors.labels(IOOp(op).value).inc(n)
+
+    def record_load_failure(self, num_chunks: int) -> None:
+        """Chunks whose load failed and were reported to vLLM (which recomputes them)."""
+        _check_count("num_chunks", num_chunks)
+        self._load_failed.inc(num_chunks)
+
+    # -- identity ------------------------------------------------------------------------------
+
+    def set_key_stability(self, is_stable: bool) -> None:
+        self._keys_stable.set(1 if is_stable else 0)
+
+    def set_config_info(self, config: Mapping[str, object]) -> None:
+        """Static configuration as `kvstore_config_info` labels (short scalar values only)."""
+        self._config.info({key: str(value) for key, value in sorted(config.items())})
+
+
+def _drop_reason(reason: str) -> str:
+    if reason not in DROP_REASONS:
+        raise ValueError(f"drop reason {reason!r} unknown; allowed: {', '.join(DROP_REASONS)}")
+    return reason
