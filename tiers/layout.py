@@ -1,0 +1,168 @@
+"""The chunk buffer layout: how gathered engine blocks are laid out in one flat byte buffer.
+
+A chunk buffer holds `blocks_per_chunk` engine blocks of every layer, **layer-major**:
+
+    for each layer, in the fixed order of the engine's `kv_caches` mapping:
+        for each part (the dims before the block dim, e.g. K and V; one part if none), row-major:
+            for each block, in `block_ids` order:
+                the block's slab: the dims after the block dim, as raw bytes, row-major
+
+So layer `l` starts at `layers[l].offset_bytes` and occupies
+`num_parts * blocks_per_chunk * slab_bytes` bytes; part `p` of block `i` of that layer starts at
+`offset_bytes + (p * blocks_per_chunk + i) * slab_bytes`. Bytes are copied, not values, so any
+dtype (including fp8 NaN patterns) round-trips exactly. `ChunkLayout` describes this for a reader
+that has only the stored bytes and the descriptor (no engine), e.g. a CLI showing per-layer stats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tiers.errors import TierConfigError
+
+__all__ = ["ChunkLayout", "LayerLayout", "dtype_from_name", "dtype_name"]
+
+_LAYOUT_VERSION = 1
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> `"bfloat16"`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """`"bfloat16"` -> `torch.bfloat16`; raises TierConfigError for an unknown name."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise TierConfigError(
+            f"unknown dtype name {name!r}; expected a torch dtype such as 'bfloat16'"
+        )
+    return dtype
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLayout:
+    """One layer's section of a chunk buffer."""
+
+    name: str
+    dtype: str
+    parts_shape: tuple[int, ...]
+    slab_shape: tuple[int, ...]
+    offset_bytes: int
+
+    @property
+    def num_parts(self) -> int:
+        return math.prod(self.parts_shape)
+
+    @property
+    def slab_bytes(self) -> int:
+        """Bytes of one block of one part."""
+        return math.prod(self.slab_shape) * dtype_from_name(self.dtype).itemsize
+
+    def section_bytes(self, blocks_per_chunk: int) -> int:
+        return self.num_parts * blocks_per_chunk * self.slab_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLayout:
+    """The layout of a chunk buffer of `blocks_per_chunk` blocks (see the module docstring)."""
+
+    blocks_per_chunk: int
+    layers: tuple[LayerLayout, ...]
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(layer.section_bytes(self.blocks_per_chunk) for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe description (only str, int and lists)."""
+        return {
+            "version": _LAYOUT_VERSION,
+            "blocks_per_chunk": self.blocks_per_chunk,
+            "buffer_bytes": self.buffer_bytes,
+            "layers": [
+                {
+                    "name": layer.name,
+                    "dtype": layer.dtype,
+                    "parts_shape": list(layer.parts_shape),
+                    "slab_shape": list(layer.slab_shape),
+                    "offset_bytes": layer.offset_bytes,
+                }
+                for layer in self.layers
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChunkLayout:
+        """Inverse of `to_dict`; raises TierConfigError for a malformed or unknown description."""
+        try:
+            version = int(data["version"])
+            if version != _LAYOUT_VERSION:
+                raise TierConfigError(
+                    f"chunk layout version {version} is not supported; expected {_LAYOUT_VERSION}"
+                )
+            layers = tuple(
+                LayerLayout(
+                    name=str(item["name"]),
+                    dtype=dtype_name(dtype_from_name(str(item["dtype"]))),
+                    parts_shape=tuple(int(d) for d in item["parts_shape"]),
+                    slab_shape=tuple(int(d) for d in item["slab_shape"]),
+                    offset_bytes=int(item["offset_bytes"]),
+                )
+                for item in data["layers"]
+            )
+            layout = cls(blocks_per_chunk=int(data["blocks_per_chunk"]), layers=layers)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, TierConfigError):
+                raise
+            raise TierConfigError(f"malformed chunk layout description: {exc!r}") from exc
+        recorded = data.get("buffer_bytes")
+        if recorded is not None and int(recorded) != layout.buffer_bytes:
+            raise TierConfigError(
+                f"chunk layout says buffer_bytes={recorded} but its layers add up to "
+                f"{layout.buffer_bytes}"
+            )
+        return layout
+
+    def decode(
+        self, buffer: torch.Tensor | bytes | bytearray | memoryview
+    ) -> dict[str, torch.Tensor]:
+        """Per-layer typed tensors of shape `(*parts_shape, blocks_per_chunk, *slab_shape)`.
+
+        Zero-copy views for a uint8 tensor or a writable buffer; a read-only buffer (`bytes`) is
+        copied once. Raises TierConfigError if the buffer is shorter than `buffer_bytes`.
+        """
+        flat = _as_uint8_tensor(buffer)
+        if flat.numel() < self.buffer_bytes:
+            raise TierConfigError(
+                f"buffer has {flat.numel()} bytes; this chunk layout needs {self.buffer_bytes}"
+            )
+        decoded: dict[str, torch.Tensor] = {}
+        for layer in self.layers:
+            size_bytes = layer.section_bytes(self.blocks_per_chunk)
+            section = flat[layer.offset_bytes : layer.offset_bytes + size_bytes]
+            typed = section.view(dtype_from_name(layer.dtype))
+            shape = (*layer.parts_shape, self.blocks_per_chunk, *layer.slab_shape)
+            decoded[layer.name] = typed.view(shape)
+        return decoded
+
+
+def _as_uint8_tensor(buffer: torch.Tensor | bytes | bytearray | memoryview) -> torch.Tensor:
+    if isinstance(buffer, torch.Tensor):
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
+            raise TierConfigError(
+                f"expected a contiguous 1-D uint8 tensor, got dtype={buffer.dtype} "
+                f"shape={tuple(buffer.shape)}"
+            )
+        return buffer
+    view = memoryview(buffer).cast("B")
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    if view.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(view, dtype=torch.uint8)
