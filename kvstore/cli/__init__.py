@@ -7,9 +7,10 @@ document on stdout; human output is a rich table; progress and logs go to stderr
 
 from __future__ import annotations
 
-from kvstore.cli.app import app
-
 # Command modules register on `app` when imported (one line each, keep sorted).
+from kvstore.cli import serve as _serve  # noqa: F401
+from kvstore.cli import watch as _watch  # noqa: F401
+from kvstore.cli.app import app
 
 __all__ = ["app", "main"]
 

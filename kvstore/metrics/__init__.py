@@ -21,7 +21,7 @@ from kvstore.metrics.labels import (
     QueueName,
 )
 from kvstore.metrics.names import METRIC_NAMES, SERVE_METRIC_NAMES
-from kvstore.metrics.recorder import KVStoreMetrics
+from kvstore.metrics.recorder import KVStoreMetrics, register_build_info
 from kvstore.metrics.server import MetricsServer, start_metrics_server
 from kvstore.metrics.stats import (
     DirectionStats,
@@ -48,5 +48,6 @@ __all__ = [
     "StoreSnapshot",
     "TransferStats",
     "TransferStatsAccumulator",
+    "register_build_info",
     "start_metrics_server",
 ]

@@ -217,31 +217,38 @@ class StoreSnapshot:
 
 
 class StoreCollector(Collector):
-    """The disk tier of a store on its own (`kvstore serve`), read at scrape time."""
+    """A store's file size and namespaces (and, for `kvstore serve`, the disk tier's occupancy),
+    read at scrape time. `read` returning None exports zeros (no store yet)."""
 
-    def __init__(self, read: Callable[[], StoreSnapshot]) -> None:
+    def __init__(
+        self, read: Callable[[], StoreSnapshot | None], *, include_occupancy: bool = True
+    ) -> None:
         self._read = read
+        self._include_occupancy = include_occupancy
 
     def describe(self) -> Iterable[Metric]:
-        return self._families(StoreSnapshot(0, 0, 0, 0, 0))
+        return self._families(_NO_STORE)
 
     def collect(self) -> Iterable[Metric]:
-        return self._families(self._read())
+        return self._families(self._read() or _NO_STORE)
 
-    @staticmethod
-    def _families(snap: StoreSnapshot) -> Iterator[Metric]:
+    def _families(self, snap: StoreSnapshot) -> Iterator[Metric]:
         disk = [Tier.DISK.value]
-        for name, doc, value in (
-            (names.TIER_USED_BYTES, "Bytes held by a tier.", snap.used_bytes),
-            (names.TIER_CAPACITY_BYTES, "Capacity of a tier in bytes.", snap.capacity_bytes),
-            (names.TIER_ENTRIES, "Chunks held by a tier.", snap.num_entries),
-        ):
-            family = GaugeMetricFamily(name, doc, labels=["tier"])
-            family.add_metric(disk, value)
-            yield family
+        if self._include_occupancy:
+            for name, doc, value in (
+                (names.TIER_USED_BYTES, "Bytes held by a tier.", snap.used_bytes),
+                (names.TIER_CAPACITY_BYTES, "Capacity of a tier in bytes.", snap.capacity_bytes),
+                (names.TIER_ENTRIES, "Chunks held by a tier.", snap.num_entries),
+            ):
+                family = GaugeMetricFamily(name, doc, labels=["tier"])
+                family.add_metric(disk, value)
+                yield family
         yield GaugeMetricFamily(
             names.STORE_FILE_BYTES, "Size of the store's data file.", value=snap.file_bytes
         )
         yield GaugeMetricFamily(
             names.STORE_NAMESPACES, "Namespaces in the store.", value=snap.num_namespaces
         )
+
+
+_NO_STORE = StoreSnapshot(0, 0, 0, 0, 0)

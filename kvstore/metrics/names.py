@@ -85,7 +85,7 @@ KEYS_STABLE = "kvstore_keys_stable"
 BUILD_INFO = "kvstore_build_info"  # {version, python_version}
 CONFIG_INFO = "kvstore_config_info"  # {<config key>...}
 
-# `kvstore serve` only (the store file itself).
+# The store file itself (the engine's exporter and `kvstore serve`).
 STORE_FILE_BYTES = "kvstore_store_file_bytes"
 STORE_NAMESPACES = "kvstore_store_namespaces"
 

@@ -6,8 +6,9 @@ collectors lock). Nothing here does I/O; the exporter reads the registry from it
 
 from __future__ import annotations
 
+import logging
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info
 
@@ -19,6 +20,8 @@ from kvstore.metrics.collectors import (
     Occupancy,
     OccupancyCollector,
     OccupancySource,
+    StoreCollector,
+    StoreSnapshot,
     TransferCollector,
 )
 from kvstore.metrics.labels import (
@@ -32,10 +35,18 @@ from kvstore.metrics.labels import (
 )
 from kvstore.metrics.stats import TransferStats
 
-__all__ = ["KVStoreMetrics"]
+__all__ = ["KVStoreMetrics", "register_build_info"]
+
+logger = logging.getLogger(__name__)
 
 TierHits = tuple[int, int]
 """(chunks, tokens) found in one tier by one lookup."""
+
+
+def register_build_info(registry: CollectorRegistry) -> None:
+    """`kvstore_build_info{version, python_version} 1` on `registry`."""
+    build = Info(names.BUILD_INFO.removesuffix("_info"), "kvstore build.", registry=registry)
+    build.info({"version": __version__, "python_version": platform.python_version()})
 
 
 def _check_count(name: str, n: int) -> None:
@@ -83,6 +94,8 @@ class KVStoreMetrics:
         r.register(self._transfers)
         self._occupancy = OccupancyCollector()
         r.register(self._occupancy)
+        self._store_source: Callable[[], StoreSnapshot | None] | None = None
+        r.register(StoreCollector(self._read_store, include_occupancy=False))
 
         self._queue_depth = Gauge(names.QUEUE_DEPTH, "Items waiting.", ["queue"], registry=r)
         self._queue_capacity = Gauge(
@@ -115,8 +128,7 @@ class KVStoreMetrics:
         self._keys_stable = Gauge(
             names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
         )
-        build = Info(names.BUILD_INFO.removesuffix("_info"), "kvstore build.", registry=r)
-        build.info({"version": __version__, "python_version": platform.python_version()})
+        register_build_info(r)
         self._config = Info(
             names.CONFIG_INFO.removesuffix("_info"), "kvstore configuration.", registry=r
         )
@@ -178,6 +190,23 @@ class KVStoreMetrics:
     def set_occupancy_source(self, tier: Tier, source: OccupancySource | None) -> None:
         """Read `tier`'s occupancy at scrape time from `source` (None stops pulling)."""
         self._occupancy.set_source(tier, source)
+
+    def set_store_source(self, source: Callable[[], StoreSnapshot | None] | None) -> None:
+        """Read the disk store's file size and namespaces at scrape time (quick, thread-safe).
+
+        Only those two: the disk tier's occupancy comes from `set_occupancy[_source]`.
+        """
+        self._store_source = source
+
+    def _read_store(self) -> StoreSnapshot | None:
+        source = self._store_source
+        if source is None:
+            return None
+        try:
+            return source()
+        except Exception:
+            logger.warning("store source failed", exc_info=True)
+            return None
 
     # -- queues and sinks ----------------------------------------------------------------------
 

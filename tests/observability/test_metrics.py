@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -63,10 +65,9 @@ def key(i: int) -> BlockKey:
 
 def test_a_fresh_registry_exports_exactly_the_declared_names(metrics: KVStoreMetrics) -> None:
     metrics.add_sink("memory")  # sink series exist once the bus registers its sinks
-    engine_names = exported_names(metrics.registry)
+    assert exported_names(metrics.registry) == set(METRIC_NAMES)
     serve = CollectorRegistry()
     serve.register(StoreCollector(lambda: StoreSnapshot(1, 2, 3, 4, 5)))
-    assert engine_names | exported_names(serve) == set(METRIC_NAMES)
     assert exported_names(serve) <= set(SERVE_METRIC_NAMES)
     assert len(METRIC_NAMES) == len(set(METRIC_NAMES))
 
@@ -195,6 +196,8 @@ def test_queues_sinks_errors_and_identity(metrics: KVStoreMetrics) -> None:
     metrics.record_io_error(IOOp.WRITE)
     metrics.record_load_failure(3)
     metrics.set_key_stability(True)
+    assert value(metrics, n.STORE_NAMESPACES) == 0
+    metrics.set_store_source(lambda: StoreSnapshot(1, 2, 3, file_bytes=4096, num_namespaces=2))
     metrics.set_config_info({"eviction_policy": "lru", "cpu_bytes": 1 << 30})
     assert value(metrics, n.QUEUE_DEPTH, queue="write_through") == 7
     assert value(metrics, n.QUEUE_CAPACITY, queue="write_through") == 64
@@ -204,6 +207,8 @@ def test_queues_sinks_errors_and_identity(metrics: KVStoreMetrics) -> None:
     assert value(metrics, n.IO_ERRORS, op="write") == 1
     assert value(metrics, n.LOAD_FAILED_CHUNKS) == 3
     assert value(metrics, n.KEYS_STABLE) == 1
+    assert value(metrics, n.STORE_FILE_BYTES) == 4096
+    assert value(metrics, n.STORE_NAMESPACES) == 2
     assert value(metrics, n.CONFIG_INFO, eviction_policy="lru", cpu_bytes=str(1 << 30)) == 1
     with pytest.raises(ValueError, match="bogus"):
         metrics.set_queue_depth("bogus", 1)  # type: ignore[arg-type]
@@ -234,3 +239,23 @@ def test_observability_packages_do_not_import_vllm() -> None:
         [sys.executable, "-c", code], check=False, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_observability_sources_never_import_vllm() -> None:
+    root = Path(__file__).resolve().parents[2]
+    files = [
+        *(root / "kvstore" / "metrics").glob("*.py"),
+        *(root / "kvstore" / "eventbus").glob("*.py"),
+        root / "kvstore" / "cli" / "watch.py",
+        root / "kvstore" / "cli" / "serve.py",
+        root / "kvstore" / "testing" / "prometheus.py",
+    ]
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            assert not any(m == "vllm" or m.startswith("vllm.") for m in modules), file
