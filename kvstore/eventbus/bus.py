@@ -5,8 +5,9 @@ that loop's thread and never blocks or awaits; other threads call `publish_threa
 has a bounded queue and one task draining it in batches; when a sink's queue is full the batch is
 dropped for that sink and counted, so a slow sink never stalls a publisher or another sink.
 
-If given metrics, the bus is where events are counted (`KVStoreMetrics.record_events`), once per
-published batch whatever the sinks do; nothing else should count them.
+Metrics, if given, count what each sink wrote, dropped and failed. The events themselves are
+counted by whoever takes them from the index (`KVStoreMetrics.record_events`), sinks or not:
+the bus does not count them again.
 """
 
 from __future__ import annotations
@@ -182,8 +183,6 @@ class EventBus:
         batch = tuple(events)
         if not batch:
             return
-        if self._metrics is not None:
-            self._metrics.record_events(batch)
         if self._stopping.is_set():
             for worker in self._workers:
                 self._count_drop(worker, len(batch), "closed")

@@ -69,14 +69,14 @@ def tick(engine: Engine, worker: TransferStatsAccumulator, i: int) -> None:
     m.record_lookup(8, 8 * 16, {Tier.CPU: (3, 48), Tier.DISK: (2, 32)})
     keys = tuple(BlockKey(bytes([i % 256, j]) * 16) for j in range(2))
     engine.store.put_many("ns", [(k, bytes(ROW_BYTES)) for k in keys])
-    engine.bus.publish_threadsafe(
-        [
-            ChunkStored(Tier.CPU, keys, 16, float(i)),
-            ChunkStored(Tier.DISK, keys, 16, float(i)),
-            ChunkRemoved(Tier.CPU, keys[:1], float(i), reason="evicted"),
-            ChunkRemoved(Tier.DISK, keys[1:], float(i), reason="evicted" if i % 2 else "deleted"),
-        ]
-    )
+    events: list[TierEvent] = [
+        ChunkStored(Tier.CPU, keys, 16, float(i)),
+        ChunkStored(Tier.DISK, keys, 16, float(i)),
+        ChunkRemoved(Tier.CPU, keys[:1], float(i), reason="evicted"),
+        ChunkRemoved(Tier.DISK, keys[1:], float(i), reason="evicted" if i % 2 else "deleted"),
+    ]
+    m.record_events(events)  # as the scheduler does with the index's take_events()
+    engine.bus.publish_threadsafe(events)
     # worker side: engine <-> CPU, merged by the scheduler once per step
     for j in range(4):
         worker.observe(Direction.ENGINE_TO_CPU, 2 * ROW_BYTES, 0.0002 * (j + 1), ok=True)
