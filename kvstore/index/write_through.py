@@ -28,24 +28,27 @@ class WriteThroughOps(IndexCore):
             return WritePlan()
         cpu = self._cpu
         size_bytes = self._config.chunk_bytes
+        eligible: list[Entry] = []
+        for key in dict.fromkeys(keys):
+            entry = cpu.entries.get(key)
+            if entry is not None and entry.state is READY and key not in disk.entries:
+                eligible.append(entry)
+        # Make room for the whole batch in one eviction; key by key only when that cannot.
+        evicted = self._evict_disk(len(eligible) * size_bytes - disk.free_bytes)
         planned: list[BlockKey] = []
         rows: list[int] = []
-        evicted: list[BlockKey] = []
         skipped: list[BlockKey] = []
-        for key in keys:
-            entry = cpu.entries.get(key)
-            if entry is None or entry.state is not READY or key in disk.entries:
-                continue
+        for entry in eligible:
             if disk.free_bytes < size_bytes and not skipped:
                 evicted += self._evict_disk(size_bytes - disk.free_bytes)
             if disk.free_bytes < size_bytes:
-                skipped.append(key)
+                skipped.append(entry.key)
                 entry.token_ids = None
                 continue
             cpu.pin(entry)
-            disk.add(key, size_bytes, entry.parent_key, entry.token_ids)
+            disk.add(entry.key, size_bytes, entry.parent_key, entry.token_ids)
             entry.token_ids = None
-            planned.append(key)
+            planned.append(entry.key)
             rows.append(entry.row)
         self._emit_removed(Tier.DISK, evicted, "evicted")
         return WritePlan(

@@ -90,7 +90,9 @@ class ARCPolicy:
             self._t2[key] = None
         else:
             self._t1[key] = None
-        self._trim_ghosts()
+            # T1 grew by one: keep |T1| + |B1| <= c (a ghost hit only shrinks the ghost lists).
+            if self._b1 and len(self._t1) + len(self._b1) > self._capacity:
+                self._b1.popitem(last=False)
 
     def touch(self, key: BlockKey) -> None:
         if key in self._t1:
@@ -109,19 +111,19 @@ class ARCPolicy:
     def victims(self, protected: Container[BlockKey]) -> Iterator[BlockKey]:
         # Simulate T1 shrinking as victims are chosen; both walks are monotonic, so taking k
         # victims costs O(k + protected keys skipped), never a rescan from the LRU end.
-        t1_keys, t2_keys = iter(self._t1), iter(self._t2)
+        t1_free = (key for key in self._t1 if key not in protected)
+        t2_free = (key for key in self._t2 if key not in protected)
         num_t1 = len(self._t1)
         while True:
-            key = None
-            if num_t1 > 0 and num_t1 > self._target_t1:
-                key = _first_unprotected(t1_keys, protected)
+            is_from_t1 = num_t1 > 0 and num_t1 > self._target_t1
+            key = next(t1_free, None) if is_from_t1 else None
             if key is None:
-                key = _first_unprotected(t2_keys, protected)
+                key, is_from_t1 = next(t2_free, None), False
             if key is None:
-                key = _first_unprotected(t1_keys, protected)
+                key, is_from_t1 = next(t1_free, None), True
             if key is None:
                 return
-            if key in self._t1:
+            if is_from_t1:
                 num_t1 -= 1
             yield key
 
@@ -143,8 +145,11 @@ class ARCPolicy:
         return chosen
 
     def _trim_ghosts(self) -> None:
+        b1, b2 = self._b1, self._b2
+        if not b1 and not b2:
+            return
         capacity = self._capacity
-        while self._b1 and len(self._t1) + len(self._b1) > capacity:
-            self._b1.popitem(last=False)
-        while len(self._b1) + len(self._b2) > capacity:
-            (self._b2 if self._b2 else self._b1).popitem(last=False)
+        for _ in range(min(len(b1), len(self._t1) + len(b1) - capacity)):
+            b1.popitem(last=False)
+        for _ in range(len(b1) + len(b2) - capacity):
+            (b2 if b2 else b1).popitem(last=False)
