@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from kvstore.cli.app import app
 from kvstore.eventbus.wire import (
+    END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -99,6 +100,45 @@ def _print_row(console: Console, watched: WatchedEvent) -> None:
     )
 
 
+class _Printer:
+    """Prints decoded messages (a table row or a JSON line per event) up to `count` events."""
+
+    def __init__(self, count: int | None, as_json: bool, out: Console, err: Console) -> None:
+        self.count = count
+        self.as_json = as_json
+        self.out = out
+        self.err = err
+        self.num_seen = 0
+        self.num_bad = 0
+        self.last_seq = -1
+
+    @property
+    def is_done(self) -> bool:
+        return self.count is not None and self.num_seen >= self.count
+
+    def message(self, seq: int, payload: bytes) -> None:
+        """Print the events of one batch."""
+        try:
+            batch = decode_batch(payload)
+        except ValueError as exc:
+            self.bad(str(exc))
+            return
+        self.last_seq = seq
+        for watched in _events(seq, batch):
+            if self.is_done:
+                return
+            if self.as_json:
+                sys.stdout.write(json.dumps(watched.to_json()) + "\n")
+                sys.stdout.flush()
+            else:
+                _print_row(self.out, watched)
+            self.num_seen += 1
+
+    def bad(self, why: str) -> None:
+        self.num_bad += 1
+        self.err.print(f"[yellow]warning:[/yellow] undecodable message ({self.num_bad}): {why}")
+
+
 @app.command()
 def watch(
     endpoint: Annotated[
@@ -115,70 +155,89 @@ def watch(
             "--timeout-s", min=0.0, help="Stop after this many seconds without a message."
         ),
     ] = None,
+    replay_endpoint: Annotated[
+        str | None,
+        typer.Option(help="The publisher's replay (ROUTER) endpoint: print buffered events first."),
+    ] = None,
+    from_seq: Annotated[
+        int, typer.Option(min=0, help="With --replay-endpoint: the first sequence number wanted.")
+    ] = 0,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per event on stdout.")
     ] = False,
 ) -> None:
     """Subscribe to a KV-events stream (vLLM's wire format) and print each event as it comes."""
     err = Console(stderr=True, soft_wrap=True, highlight=False)
-    if not endpoint.startswith(_SCHEMES):
-        raise typer.BadParameter(
-            f"{endpoint!r} is not a ZMQ endpoint; use one of {', '.join(_SCHEMES)}",
-            param_hint="ENDPOINT",
-        )
-    out = Console(highlight=False)
+    for name, value in (("ENDPOINT", endpoint), ("--replay-endpoint", replay_endpoint)):
+        if value is not None and not value.startswith(_SCHEMES):
+            raise typer.BadParameter(
+                f"{value!r} is not a ZMQ endpoint; use one of {', '.join(_SCHEMES)}",
+                param_hint=name,
+            )
+    printer = _Printer(count, as_json, Console(highlight=False), err)
+    timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         try:
-            sub = _open_subscriber(ctx, endpoint, topic)
+            sub = _open_subscriber(ctx, endpoint, topic)  # first: live messages queue meanwhile
         except zmq.ZMQError as exc:
             err.print(f"[red]error:[/red] cannot subscribe to {endpoint}: {exc}")
             raise typer.Exit(2 if exc.errno == zmq.EINVAL else 1) from exc
         err.print(f"[dim]watching {endpoint} (topic {topic!r})[/dim]")
         if not as_json:
-            out.print(f"{'SEQ':>8}  {'TIME':<12}  {'TYPE':<16}  {'MEDIUM':<8}  {'BLOCKS':>6}  HASH")
-        num_seen = _follow(sub, count, timeout_s, as_json, out, err)
+            printer.out.print(
+                f"{'SEQ':>8}  {'TIME':<12}  {'TYPE':<16}  {'MEDIUM':<8}  {'BLOCKS':>6}  HASH"
+            )
+        if replay_endpoint is not None:
+            _replay(ctx, replay_endpoint, from_seq, timeout_ms, printer)
+        _follow(sub, timeout_ms, printer)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
     finally:
         ctx.destroy(linger=0)
-    if count is not None and num_seen < count:
-        err.print(f"[red]error:[/red] timed out after {timeout_s} s with {num_seen}/{count} events")
+    if count is not None and printer.num_seen < count:
+        seen = f"{printer.num_seen}/{count}"
+        err.print(f"[red]error:[/red] timed out after {timeout_s} s with {seen} events")
         raise typer.Exit(1)
 
 
-def _follow(
-    sub: zmq.Socket[bytes],
-    count: int | None,
-    timeout_s: float | None,
-    as_json: bool,
-    out: Console,
-    err: Console,
-) -> int:
-    """Print events until `count` or a silence of `timeout_s`; returns how many were printed."""
-    num_seen = 0
-    num_bad = 0
-    timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
-    while count is None or num_seen < count:
-        if not sub.poll(timeout_ms):
-            break
-        frames = sub.recv_multipart()
-        try:
-            if len(frames) != 3:
-                raise ValueError(f"{len(frames)} frames, expected 3")
-            seq = int.from_bytes(frames[1], "big")
-            batch = decode_batch(frames[2])
-        except ValueError as exc:
-            num_bad += 1
-            err.print(f"[yellow]warning:[/yellow] undecodable message ({num_bad} so far): {exc}")
+def _replay(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    from_seq: int,
+    timeout_ms: int | None,
+    printer: _Printer,
+) -> None:
+    """Ask the publisher's ROUTER for its buffered batches from `from_seq`, until the end marker."""
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(endpoint)
+    dealer.send_multipart((b"", from_seq.to_bytes(8, "big")))
+    while dealer.poll(timeout_ms):
+        frames = dealer.recv_multipart()  # b"", topic, seq, payload
+        if len(frames) != 4:
+            printer.bad(f"replay answer of {len(frames)} frames, expected 4")
             continue
-        for watched in _events(seq, batch):
-            if as_json:
-                sys.stdout.write(json.dumps(watched.to_json()) + "\n")
-                sys.stdout.flush()
-            else:
-                _print_row(out, watched)
-            num_seen += 1
-            if count is not None and num_seen >= count:
-                break
-    return num_seen
+        if frames[2] == END_SEQ:
+            return
+        printer.message(int.from_bytes(frames[2], "big"), frames[3])
+    printer.err.print(f"[yellow]warning:[/yellow] no end of replay from {endpoint}")
+
+
+def _follow(sub: zmq.Socket[bytes], timeout_ms: int | None, printer: _Printer) -> None:
+    """Print live events until `count` or a silence of `timeout_ms`.
+
+    Live batches the replay already printed (queued while it ran) are skipped, up to the first
+    newer one; after that every batch prints (a restarted publisher counts from 0 again).
+    """
+    skip_through = printer.last_seq
+    while not printer.is_done and sub.poll(timeout_ms):
+        frames = sub.recv_multipart()
+        if len(frames) != 3:
+            printer.bad(f"{len(frames)} frames, expected 3")
+            continue
+        seq = int.from_bytes(frames[1], "big")
+        if seq <= skip_through:
+            continue
+        skip_through = -1
+        printer.message(seq, frames[2])

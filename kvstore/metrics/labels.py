@@ -17,6 +17,7 @@ __all__ = [
     "QueueName",
     "REMOVAL_REASONS",
     "DROP_REASONS",
+    "SINK_NAMES",
     "SIZE_BUCKETS_BYTES",
     "TIERS",
     "TransferResult",
@@ -62,6 +63,9 @@ class IOOp(StrEnum):
 
 REMOVAL_REASONS: tuple[str, ...] = ("evicted", "deleted", "corrupt", "other")
 """`ChunkRemoved.reason` values kept as labels; anything else is counted as "other"."""
+
+SINK_NAMES: tuple[str, ...] = ("zmq", "jsonl")
+"""The event sinks kvstore ships (their default names), whose series exist from the start."""
 
 DROP_REASONS: tuple[str, ...] = ("queue_full", "closed", "deadline")
 """Why work or events were dropped: the queue was full, it was closed, or close timed out."""

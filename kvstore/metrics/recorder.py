@@ -27,6 +27,7 @@ from kvstore.metrics.collectors import (
 from kvstore.metrics.labels import (
     DROP_REASONS,
     REMOVAL_REASONS,
+    SINK_NAMES,
     TIERS,
     Direction,
     IOOp,
@@ -58,7 +59,8 @@ class KVStoreMetrics:
     """kvstore's metrics on one `CollectorRegistry`; every labelled series exists from the start.
 
     Pass a fresh registry per engine (and per test); `KVStoreMetrics.on_default_registry()` uses
-    prometheus-client's global one. Event sinks register with `add_sink` so their series exist.
+    prometheus-client's global one. The shipped sinks' series (`SINK_NAMES`) exist from the start;
+    the bus adds any other sink's with `add_sink`.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -118,6 +120,8 @@ class KVStoreMetrics:
         self._sink_errors = Counter(
             names.SINK_ERRORS, "Sink writes that failed.", ["sink"], registry=r
         )
+        for sink in SINK_NAMES:
+            self.add_sink(sink)
 
         self._io_errors = Counter(names.IO_ERRORS, "Storage I/O errors.", ["op"], registry=r)
         for op in IOOp:

@@ -64,7 +64,6 @@ def key(i: int) -> BlockKey:
 
 
 def test_a_fresh_registry_exports_exactly_the_declared_names(metrics: KVStoreMetrics) -> None:
-    metrics.add_sink("memory")  # sink series exist once the bus registers its sinks
     assert exported_names(metrics.registry) == set(METRIC_NAMES)
     serve = CollectorRegistry()
     serve.register(StoreCollector(lambda: StoreSnapshot(1, 2, 3, 4, 5)))
@@ -189,8 +188,10 @@ def test_occupancy_push_and_pull(metrics: KVStoreMetrics) -> None:
 def test_queues_sinks_errors_and_identity(metrics: KVStoreMetrics) -> None:
     metrics.set_queue_depth(QueueName.WRITE_THROUGH, 7, capacity=64)
     metrics.record_queue_drop(QueueName.WRITE_THROUGH, 2)
-    metrics.add_sink("zmq")
     assert value(metrics, n.SINK_DROPPED_EVENTS, sink="zmq", reason="queue_full") == 0
+    assert value(metrics, n.SINK_ERRORS, sink="jsonl") == 0
+    metrics.add_sink("memory")
+    assert value(metrics, n.SINK_WRITTEN_EVENTS, sink="memory") == 0
     metrics.record_sink_drop("zmq", 5)
     metrics.record_checksum_failure(Tier.DISK)
     metrics.record_io_error(IOOp.WRITE)

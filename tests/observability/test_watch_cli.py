@@ -128,3 +128,32 @@ async def test_the_installed_command_keeps_stdout_to_json(
     assert done.returncode == 0, done.stderr
     assert len([json.loads(line)["type"] for line in done.stdout.splitlines()]) == 3
     assert "watching" in done.stderr
+
+
+async def test_replay_prints_the_buffered_events_first_then_live_ones(tmp_path: Path) -> None:
+    sink = ZMQPublisherSink(
+        f"ipc://{tmp_path}/pub.sock",
+        replay_endpoint=f"ipc://{tmp_path}/replay.sock",
+        int_block_hashes=True,
+    )
+    bus = EventBus([sink])
+    await bus.start()
+    try:
+        for i in range(3):  # before anyone listens: only the replay buffer has them
+            bus.publish([event(i)])
+            while sink.next_seq <= i:
+                await asyncio.sleep(0.005)
+        args = [
+            "watch", f"ipc://{tmp_path}/pub.sock", "--replay-endpoint",
+            f"ipc://{tmp_path}/replay.sock", "--json", "--count", "6", "--timeout-s", "10",
+        ]  # fmt: skip
+        result = await run_while_publishing(bus, lambda: runner.invoke(app, args))
+    finally:
+        await bus.close()
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    seqs = [line["seq"] for line in lines]
+    assert seqs[:3] == [0, 1, 2]
+    assert seqs == sorted(set(seqs)) and len(seqs) == 6
+    # int hashes print as 16 hex digits: the low 64 bits of the key
+    assert lines[1]["block_hashes"] == [(1).to_bytes(8, "big").hex()]
