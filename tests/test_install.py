@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.testing.engine import engine, generate_greedy
+from kvstore.vllm.engine import engine, generate_greedy
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""Start the real vLLM CPU engine on the tiny local Llama, in this process.
+"""Start a real vLLM engine (the CPU one here) on the tiny local Llama, in this process.
 
 Single-process mode (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) unless asked otherwise; prompts are token
 ids because the tiny model has no tokenizer.
@@ -14,7 +14,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KVSTORE_CONNECTOR", "engine", "generate_greedy", "kv_transfer_config"]
+__all__ = [
+    "KVSTORE_CONNECTOR",
+    "engine",
+    "generate_greedy",
+    "generate_outputs",
+    "kv_transfer_config",
+    "scheduler_connector",
+]
 
 KVSTORE_CONNECTOR = "KVStoreConnector"
 
@@ -82,3 +89,23 @@ def generate_greedy(
         [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
     )
     return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def scheduler_connector(llm: Any) -> Any:
+    """The scheduler-side connector of an in-process (single-process mode) engine."""
+    core = llm.llm_engine.engine_core
+    engine_core = getattr(core, "engine_core", core)
+    return engine_core.scheduler.connector
+
+
+def generate_outputs(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int = 8) -> list[Any]:
+    """Like `generate_greedy` but returns vLLM's RequestOutputs (num_cached_tokens etc.)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return list(
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+    )

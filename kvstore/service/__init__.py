@@ -1,0 +1,6 @@
+"""The tier service: an asyncio loop in its own thread that does the scheduler process's I/O."""
+
+from kvstore.service.completions import Completion, PromotionDone, WriteDone
+from kvstore.service.tier_service import TierService
+
+__all__ = ["Completion", "PromotionDone", "TierService", "WriteDone"]

@@ -1,0 +1,159 @@
+"""The synchronous disk operations the tier service runs in its executors.
+
+Writes (put, delete, touch) run on exactly one thread — LMDB write transactions are
+single-threaded — and reads (promotion) on a small pool; LMDB readers never block the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvstore.keys import BlockKey, short_hex
+from kvstore.service.completions import PromotionDone, WriteDone
+from tiers.errors import CorruptionError, StoreFullError, TierError
+
+__all__ = ["DiskIO", "DiskStore", "IOReport", "RowBuffers"]
+
+logger = logging.getLogger(__name__)
+
+
+class DiskStore(Protocol):
+    """The subset of `tiers` stores the service uses."""
+
+    def put_many(
+        self,
+        ns: str,
+        items: Sequence[tuple[bytes, bytes | memoryview]],
+        *,
+        now_s: float | None = None,
+    ) -> int: ...
+
+    def get_into(self, ns: str, key: bytes, out: memoryview) -> int | None: ...
+
+    def delete_many(self, ns: str, keys: Sequence[bytes]) -> int: ...
+
+    def touch_many(self, ns: str, keys: Sequence[bytes], *, now_s: float | None = None) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RowBuffers(Protocol):
+    def row(self, index: int) -> memoryview: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IOReport:
+    """What one batch did, for the metrics."""
+
+    direction: str
+    num_bytes: int
+    duration_s: float
+    is_ok: bool
+    num_corrupt: int = 0
+    num_io_errors: int = 0
+
+
+class DiskIO:
+    """Runs batches against the store; never raises for expected failures (returns them)."""
+
+    def __init__(
+        self,
+        store: DiskStore,
+        namespace: str,
+        rows: RowBuffers,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._ns = namespace
+        self._rows = rows
+        self._clock = clock
+
+    def write(
+        self, items: Sequence[tuple[BlockKey, int]], victims: Sequence[BlockKey]
+    ) -> tuple[WriteDone, IOReport]:
+        """Delete `victims`, then put every (key, row) in one transaction."""
+        start_s = time.perf_counter()
+        keys = tuple(key for key, _ in items)
+        try:
+            if victims:
+                self._store.delete_many(self._ns, list(victims))
+            num_bytes = self._store.put_many(
+                self._ns, [(key, self._rows.row(row)) for key, row in items], now_s=self._clock()
+            )
+        except StoreFullError as exc:
+            logger.warning("kvstore disk tier refused %d chunks: %s", len(keys), exc)
+            return WriteDone(ok=(), failed=keys), self._report("cpu_to_disk", 0, start_s, False)
+        except (TierError, OSError, Exception) as exc:  # lmdb.Error: disk full, I/O error
+            logger.error("kvstore disk write of %d chunks failed: %s", len(keys), exc)
+            report = self._report("cpu_to_disk", 0, start_s, False, num_io_errors=1)
+            return WriteDone(ok=(), failed=keys), report
+        return WriteDone(ok=keys), self._report("cpu_to_disk", num_bytes, start_s, True)
+
+    def read(self, items: Sequence[tuple[BlockKey, int]]) -> tuple[PromotionDone, IOReport]:
+        """Read each key into its CPU row, verifying checksums."""
+        start_s = time.perf_counter()
+        ok: list[BlockKey] = []
+        corrupt: list[BlockKey] = []
+        missing: list[BlockKey] = []
+        failed: list[BlockKey] = []
+        num_bytes = 0
+        num_io_errors = 0
+        for key, row in items:
+            try:
+                size = self._store.get_into(self._ns, key, self._rows.row(row))
+            except CorruptionError as exc:
+                logger.warning("kvstore chunk %s is corrupt on disk: %s", short_hex(key), exc)
+                corrupt.append(key)
+                continue
+            except (TierError, OSError, Exception) as exc:
+                logger.error("kvstore disk read of %s failed: %s", short_hex(key), exc)
+                failed.append(key)
+                num_io_errors += 1
+                continue
+            if size is None:
+                missing.append(key)  # deleted under us (`kvstore rm` on a live store): a miss
+            else:
+                ok.append(key)
+                num_bytes += size
+        done = PromotionDone(tuple(ok), tuple(failed), tuple(corrupt), tuple(missing))
+        is_ok = not (failed or corrupt or missing)
+        report = self._report("disk_to_cpu", num_bytes, start_s, is_ok, len(corrupt), num_io_errors)
+        return done, report
+
+    def delete(self, keys: Sequence[BlockKey]) -> int:
+        try:
+            return self._store.delete_many(self._ns, list(keys))
+        except Exception as exc:
+            logger.error("kvstore disk delete of %d chunks failed: %s", len(keys), exc)
+            return 0
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        try:
+            self._store.touch_many(self._ns, list(keys), now_s=self._clock())
+        except Exception as exc:
+            logger.warning("kvstore disk touch of %d chunks failed: %s", len(keys), exc)
+
+    def close(self) -> None:
+        try:
+            self._store.sync()
+        finally:
+            self._store.close()
+
+    @staticmethod
+    def _report(
+        direction: str,
+        num_bytes: int,
+        start_s: float,
+        is_ok: bool,
+        num_corrupt: int = 0,
+        num_io_errors: int = 0,
+    ) -> IOReport:
+        duration_s = time.perf_counter() - start_s
+        return IOReport(direction, num_bytes, duration_s, is_ok, num_corrupt, num_io_errors)

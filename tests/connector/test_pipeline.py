@@ -1,0 +1,89 @@
+"""KVStoreConnector inside the real vLLM CPU engine: loads from CPU and disk are exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstore.keys import Tier
+from kvstore.testing.connector import drain, kvstore_summary
+from kvstore.vllm.engine import (
+    engine,
+    generate_greedy,
+    generate_outputs,
+    kv_transfer_config,
+    scheduler_connector,
+)
+
+pytestmark = pytest.mark.engine
+
+CHUNK_BYTES = 16 << 10  # tiny Llama: 2 layers x 32 tokens x 2 heads x 2 x 32 dims x bf16
+PROMPT_A = [(7 * i + 3) % 500 + 5 for i in range(200)]  # 6 full chunks before the last token
+PROMPT_B = [(11 * i + 1) % 500 + 5 for i in range(200)]
+HIT_TOKENS = 192
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model_dir: Path) -> dict[str, list[list[int]]]:
+    """Greedy outputs without any connector: a cold run, then one from vLLM's prefix cache."""
+    with engine(tiny_model_dir) as llm:
+        cold = generate_greedy(llm, [PROMPT_A, PROMPT_B])
+        warm = generate_greedy(llm, [PROMPT_A, PROMPT_B])
+    return {"cold": cold, "warm": warm}
+
+
+def _check_clean(llm: Any) -> None:
+    drain(llm)
+    connector = scheduler_connector(llm)
+    index = connector.runtime.index
+    index.check_invariants()
+    stats = index.stats()
+    assert stats.cpu.num_pinned == 0
+    assert stats.disk is None or stats.disk.num_pinned == 0
+    assert connector.scheduler.num_inflight_jobs == 0
+
+
+def test_cpu_tier_hit_is_exact(tiny_model_dir: Path, baseline: dict[str, Any]) -> None:
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES)
+    with engine(tiny_model_dir, kv_transfer=config, disable_log_stats=False) as llm:
+        first = generate_greedy(llm, [PROMPT_A])
+        drain(llm)
+        assert llm.reset_prefix_cache()  # forget the engine's own copy: only kvstore has it
+        second = generate_outputs(llm, [PROMPT_A])
+        summary = kvstore_summary(llm)
+        vllm_metrics = {m.name: m for m in llm.get_metrics()}
+        _check_clean(llm)
+    assert first == [baseline["cold"][0]]
+    assert [list(o.outputs[0].token_ids) for o in second] == [baseline["warm"][0]]
+    assert summary["tiers"]["cpu"]["hit_tokens"] == HIT_TOKENS
+    assert summary["tiers"]["disk"]["hit_tokens"] == 0
+    assert second[0].num_cached_tokens == HIT_TOKENS
+    external = vllm_metrics["vllm:external_prefix_cache_hits"]
+    assert external.value == HIT_TOKENS  # type: ignore[attr-defined]
+
+
+def test_disk_tier_hit_is_exact(
+    tiny_model_dir: Path, baseline: dict[str, Any], tmp_path: Path
+) -> None:
+    # 8 CPU rows: PROMPT_B's 6 chunks push most of PROMPT_A's out, so A must come from LMDB.
+    config = kv_transfer_config(
+        cpu_bytes=8 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=64 * CHUNK_BYTES
+    )
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        generate_greedy(llm, [PROMPT_A])
+        drain(llm)
+        generate_greedy(llm, [PROMPT_B])
+        drain(llm)
+        assert llm.reset_prefix_cache()
+        again = generate_greedy(llm, [PROMPT_A])
+        summary = kvstore_summary(llm)
+        _check_clean(llm)
+        index = scheduler_connector(llm).runtime.index
+        assert len(index.ready_keys(Tier.DISK)) == 12
+    assert again == [baseline["warm"][0]]
+    tiers = summary["tiers"]
+    assert tiers["disk"]["hit_tokens"] > 0, summary
+    assert tiers["cpu"]["hit_tokens"] + tiers["disk"]["hit_tokens"] == HIT_TOKENS
+    assert summary["bytes"]["disk_to_cpu"] == tiers["disk"]["hit_chunks"] * CHUNK_BYTES

@@ -1,0 +1,153 @@
+"""KVStoreConnector across restarts, against damaged and full disks, and under load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from kvstore.keys import Tier
+from kvstore.testing.connector import drain, kvstore_summary
+from kvstore.testing.subprocess_run import run_engine_process
+from kvstore.vllm.engine import (
+    engine,
+    generate_greedy,
+    kv_transfer_config,
+    scheduler_connector,
+)
+
+pytestmark = pytest.mark.engine
+
+CHUNK_BYTES = 16 << 10
+PROMPT = [(13 * i + 5) % 500 + 5 for i in range(200)]
+HIT_TOKENS = 192
+
+
+def _prompts(n: int, shared: int, length: int, seed: int) -> list[list[int]]:
+    """`n` prompts sharing their first `shared` tokens, then distinct."""
+    base = [(31 * i + seed) % 500 + 5 for i in range(shared)]
+    return [
+        base + [(17 * i + 97 * j + seed) % 500 + 5 for i in range(length - shared)]
+        for j in range(n)
+    ]
+
+
+def _flip_first_value(store_dir: Path) -> None:
+    env = lmdb.open(str(store_dir), max_dbs=8, subdir=True)
+    try:
+        data = env.open_db(b"data")
+        with env.begin(write=True, db=data) as txn:
+            key, value = next(iter(txn.cursor()))
+            damaged = bytearray(value)
+            damaged[len(damaged) // 2] ^= 0x40
+            txn.put(key, bytes(damaged))
+    finally:
+        env.close()
+
+
+def test_restart_serves_from_disk(tiny_model_dir: Path, tmp_path: Path) -> None:
+    spec: dict[str, Any] = {
+        "model_dir": str(tiny_model_dir),
+        "prompts": [PROMPT],
+        "extra": {
+            "cpu_bytes": 64 * CHUNK_BYTES,
+            "disk_path": str(tmp_path / "store"),
+            "disk_bytes": 64 * CHUNK_BYTES,
+        },
+    }
+    first = run_engine_process(spec)
+    second = run_engine_process(spec)
+    assert first["returncode"] == 0 and second["returncode"] == 0, second["stderr_tail"]
+    assert first["summary"]["tiers"]["disk"]["stored_chunks"] == 6
+    assert second["summary"]["tiers"]["disk"]["hit_tokens"] == HIT_TOKENS, second["summary"]
+    assert second["num_cached_tokens"] == [HIT_TOKENS]
+    assert second["outputs"] == first["outputs"]
+
+
+def test_corrupt_chunk_is_recomputed_and_counted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    config = kv_transfer_config(
+        cpu_bytes=64 * CHUNK_BYTES, disk_path=str(store), disk_bytes=64 * CHUNK_BYTES
+    )
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        expected = generate_greedy(llm, [PROMPT])
+        drain(llm)
+    _flip_first_value(store)
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        got = generate_greedy(llm, [PROMPT])
+        drain(llm)
+        summary = kvstore_summary(llm)
+        index = scheduler_connector(llm).runtime.index
+        index.check_invariants()
+        assert len(index.ready_keys(Tier.DISK)) == 6  # the bad one was rewritten after recompute
+    assert got == expected
+    assert summary["tiers"]["disk"]["checksum_failures"] == 1, summary
+    assert summary["tiers"]["disk"]["hit_tokens"] < HIT_TOKENS
+
+
+def test_tiny_disk_evicts_and_serves_everything(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = kv_transfer_config(
+        cpu_bytes=4 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=5 * CHUNK_BYTES
+    )
+    prompts = _prompts(6, 64, 200, seed=3)
+    with engine(tiny_model_dir) as llm:
+        expected = generate_greedy(llm, prompts)
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        got = [generate_greedy(llm, [p])[0] for p in prompts]
+        drain(llm)
+        summary = kvstore_summary(llm)
+        index = scheduler_connector(llm).runtime.index
+        index.check_invariants()
+        disk = index.stats().disk
+    assert got == expected
+    assert disk is not None and disk.used_bytes <= 5 * CHUNK_BYTES
+    assert summary["tiers"]["disk"]["evicted_chunks"] > 0, summary
+
+
+def test_concurrent_requests_leave_no_pins(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = kv_transfer_config(
+        cpu_bytes=24 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=256 * CHUNK_BYTES
+    )
+    prompts = _prompts(12, 128, 260, seed=1) + _prompts(12, 96, 230, seed=2)
+    small = {"kv_cache_bytes": 48 * CHUNK_BYTES, "max_model_len": 512}  # 48 engine blocks: queueing
+    with engine(tiny_model_dir, **small) as llm:
+        expected = generate_greedy(llm, prompts)
+    with engine(tiny_model_dir, kv_transfer=config, **small) as llm:
+        first = generate_greedy(llm, prompts)
+        second = generate_greedy(llm, list(reversed(prompts)))
+        drain(llm)
+        connector = scheduler_connector(llm)
+        index = connector.runtime.index
+        index.check_invariants()
+        stats = index.stats()
+        summary = kvstore_summary(llm)
+        assert stats.cpu.num_pinned == 0 and stats.disk is not None and stats.disk.num_pinned == 0
+        assert stats.num_holds == 0
+        assert connector.scheduler.num_inflight_jobs == 0
+        assert connector.scheduler.num_tracked_requests == 0
+    assert first == expected
+    assert second == list(reversed(expected))
+    hits = summary["tiers"]["cpu"]["hit_tokens"] + summary["tiers"]["disk"]["hit_tokens"]
+    assert hits > 0, summary
+
+
+def test_multiprocess_engine_loads_from_kvstore(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`VLLM_ENABLE_V1_MULTIPROCESSING=1`: the scheduler runs in its own EngineCore process."""
+    result = run_engine_process(
+        {
+            "model_dir": str(tiny_model_dir),
+            "prompts": [PROMPT],
+            "multiprocess": True,
+            "repeat_after_reset": True,
+            "extra": {
+                "cpu_bytes": 64 * CHUNK_BYTES,
+                "disk_path": str(tmp_path / "store"),
+                "disk_bytes": 64 * CHUNK_BYTES,
+            },
+        }
+    )
+    assert result["returncode"] == 0, result["stderr_tail"]
+    assert result["repeat_outputs"] == result["outputs"]
+    assert result["repeat_num_cached_tokens"] == [HIT_TOKENS], result["stderr_tail"]
