@@ -207,7 +207,18 @@ def simulate(
         disk_policy=policy,
         admission_min_sightings=admission_min_sightings,
     )
-    index = TierIndex(config, clock=lambda: 0.0)
+    counts = _replay(trace, TierIndex(config, clock=lambda: 0.0), engine_chunks)
+    return SimulationResult(
+        policy=policy,
+        num_cpu_rows=cpu_rows,
+        disk_capacity_bytes=disk_bytes,
+        num_tokens_per_chunk=num_tokens_per_chunk,
+        **{name: counts[name] for name in _COUNTED},
+    )
+
+
+def _replay(trace: Iterable[Sequence[int]], index: TierIndex, engine_chunks: int) -> Counter[str]:
+    num_tokens_per_chunk = index.config.num_tokens_per_chunk
     engine = _EngineCache(engine_chunks)
     counts: Counter[str] = Counter()
     for prompt in trace:
@@ -221,13 +232,7 @@ def simulate(
         counts["num_prompt_tokens"] += len(prompt)
         counts["num_chunks"] += len(keys)
         counts["num_engine_hit_chunks"] += num_engine_hits
-    return SimulationResult(
-        policy=policy,
-        num_cpu_rows=cpu_rows,
-        disk_capacity_bytes=disk_bytes,
-        num_tokens_per_chunk=num_tokens_per_chunk,
-        **{name: counts[name] for name in _COUNTED},
-    )
+    return counts
 
 
 def sweep(

@@ -34,6 +34,13 @@ def check_table(table: TierTable) -> None:
         used_bytes == table.used_bytes,
         f"{tier}: entries hold {used_bytes} bytes, accounted {table.used_bytes}",
     )
+    _check_entries(table)
+
+
+def _check_entries(table: TierTable) -> None:
+    """Counters, states and policy membership agree with the entries."""
+    tier = table.tier
+    entries = table.entries.values()
     counts = {
         "num_storing": sum(entry.state is STORING for entry in entries),
         "num_removing": sum(entry.state is REMOVING for entry in entries),

@@ -60,44 +60,64 @@ class TierIndex(PromotionOps, WriteThroughOps):
         fits; the request's own ready chunks are never evicted for it. Returns None when nothing
         can be stored, an empty plan when everything is already in CPU.
         """
+        self._check_token_ids(keys, token_ids)
+        request = _unique(keys, "prepare_store")
+        missing, num_own_evictable = self._missing_from_cpu(keys)
+        if not missing:
+            return StorePlan(keys=(), rows=())
+        cpu = self._cpu
+        num_free = len(cpu.free_rows)
+        num_store = min(len(missing), num_free + cpu.num_evictable - num_own_evictable)
+        if num_store <= 0:
+            return None
+        evicted = self._evict_cpu(num_store - num_free, request) if num_store > num_free else []
+        stored = missing[:num_store]
+        rows = self._add_storing(keys, stored, token_ids, parent_key)
+        return StorePlan(
+            keys=tuple(keys[i] for i in stored),
+            rows=tuple(rows),
+            evicted=tuple(evicted),
+            num_skipped=len(missing) - num_store,
+        )
+
+    def _check_token_ids(self, keys: Sequence[BlockKey], token_ids: Sequence[int] | None) -> None:
         num_tokens = self._config.num_tokens_per_chunk
         if token_ids is not None and len(token_ids) != len(keys) * num_tokens:
             raise ValueError(
                 f"token_ids must cover the keys: {len(keys)} keys x {num_tokens} tokens = "
                 f"{len(keys) * num_tokens}, got {len(token_ids)}"
             )
-        cpu = self._cpu
-        request = _unique(keys, "prepare_store")
+
+    def _missing_from_cpu(self, keys: Sequence[BlockKey]) -> tuple[list[int], int]:
+        """Positions of the keys CPU lacks, and how many of the others are evictable."""
+        entries = self._cpu.entries
         missing: list[int] = []
-        num_own_evictable = 0
+        num_evictable = 0
         for i, key in enumerate(keys):
-            entry = cpu.entries.get(key)
+            entry = entries.get(key)
             if entry is None:
                 missing.append(i)
             elif entry.state is READY and entry.num_pins == 0:
-                num_own_evictable += 1
-        if not missing:
-            return StorePlan(keys=(), rows=())
-        num_free = len(cpu.free_rows)
-        num_store = min(len(missing), num_free + cpu.num_evictable - num_own_evictable)
-        if num_store <= 0:
-            return None
-        evicted = self._evict_cpu(num_store - num_free, request) if num_store > num_free else []
+                num_evictable += 1
+        return missing, num_evictable
+
+    def _add_storing(
+        self,
+        keys: Sequence[BlockKey],
+        positions: Sequence[int],
+        token_ids: Sequence[int] | None,
+        parent_key: BlockKey | None,
+    ) -> list[int]:
+        """New `storing` CPU entries for `keys[i]`, i in `positions`; returns their rows."""
+        num_tokens = self._config.num_tokens_per_chunk
+        add = self._cpu.add
         rows: list[int] = []
-        for i in missing[:num_store]:
-            parent = keys[i - 1] if i > 0 else parent_key
-            tokens = (
-                None
-                if token_ids is None
-                else tuple(token_ids[i * num_tokens : (i + 1) * num_tokens])
-            )
-            rows.append(cpu.add(keys[i], parent, tokens).row)
-        return StorePlan(
-            keys=tuple(keys[i] for i in missing[:num_store]),
-            rows=tuple(rows),
-            evicted=tuple(evicted),
-            num_skipped=len(missing) - num_store,
-        )
+        for i in positions:
+            tokens = None
+            if token_ids is not None:
+                tokens = tuple(token_ids[i * num_tokens : (i + 1) * num_tokens])
+            rows.append(add(keys[i], keys[i - 1] if i > 0 else parent_key, tokens).row)
+        return rows
 
     def complete_store(self, keys: Sequence[BlockKey], success: bool) -> None:
         """End a `prepare_store`: the chunks become ready in CPU, or their rows are freed.
