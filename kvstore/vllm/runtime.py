@@ -1,8 +1,8 @@
 """The scheduler process's resources: CPU region, LMDB store, index, service, metrics, sinks.
 
-`SchedulerRuntime.start()` builds them in order and `close()` tears them down in reverse, with a
-deadline, collecting errors: stop intake, drain disk writes, sync and close LMDB, flush the
-event sinks, stop the metrics endpoint, remove the shared region.
+`SchedulerRuntime.start()` builds them in order and `close()` tears them down with a deadline,
+collecting errors: stop the metrics endpoint, stop intake, drain disk writes, flush the event
+sinks, sync and close LMDB, remove the shared region.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from kvstore.cli.serve import store_snapshot
 from kvstore.config import KVStoreConfig
 from kvstore.errors import ConfigError
 from kvstore.eventbus import EventBus, JSONLSink, ZMQPublisherSink
@@ -87,8 +88,14 @@ class SchedulerRuntime:
             )
         )
         if seeds:
-            self.index.seed_disk(seeds)
-            logger.info("kvstore: %d chunks on disk are servable after restart", len(seeds))
+            unfit = self.index.seed_disk(seeds)
+            logger.info(
+                "kvstore: %d chunks on disk are servable after restart",
+                len(seeds) - len(unfit),
+            )
+            if unfit and self.store is not None:  # over today's disk_bytes: oldest go
+                self.store.delete_many(self.namespace, list(unfit))
+                logger.info("kvstore: deleted %d chunks beyond disk_bytes", len(unfit))
         disk = DiskIO(self.store, self.namespace, self.region) if self.store is not None else None
         self.service = TierService(
             disk=disk,
@@ -101,14 +108,19 @@ class SchedulerRuntime:
         self._start_metrics(num_rows)
 
     def _seed_entries(self) -> list[SeedEntry]:
-        assert self.store is not None
-        if self.namespace not in self.store.namespaces():
+        store = self.store
+        assert store is not None
+        if self.namespace not in store.namespaces():
             return []
-        entries = []
-        for meta in self.store.iter_meta(self.namespace):
+        entries, bad = [], []
+        for meta in store.iter_meta(self.namespace):
             if meta.size_bytes != self.geometry.row_bytes:
-                continue  # never serve a value of the wrong size
+                bad.append(meta.key)  # never serve a value of the wrong size
+                continue
             entries.append(SeedEntry(BlockKey(meta.key), meta.size_bytes, meta.last_access_s))
+        if bad:
+            store.delete_many(self.namespace, bad)
+            logger.warning("kvstore: deleted %d chunks of the wrong size from disk", len(bad))
         return entries
 
     def _event_bus(self) -> EventBus | None:
@@ -141,8 +153,10 @@ class SchedulerRuntime:
             }
         )
         self.metrics.set_occupancy_source(Tier.CPU, self._occupancy_source(Tier.CPU, num_rows))
-        if self.store is not None:
+        store = self.store
+        if store is not None:
             self.metrics.set_occupancy_source(Tier.DISK, self._occupancy_source(Tier.DISK, None))
+            self.metrics.set_store_source(lambda: store_snapshot(store))
         if config.metrics_port is not None:
             self.metrics_server = start_metrics_server(
                 config.metrics_port, host=config.metrics_host, registry=self.registry
@@ -225,8 +239,8 @@ class SchedulerRuntime:
     def close(self) -> None:
         errors: list[str] = []
         steps = (
-            ("service", self._close_service),
             ("metrics server", self._close_metrics),
+            ("service", self._close_service),
             ("store", self._close_store),
             ("region", self._close_region),
         )
