@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import lmdb
@@ -23,6 +24,7 @@ __all__ = [
     "ordinal",
     "parse_meta",
     "prefix",
+    "scan",
     "total_used",
     "verify",
 ]
@@ -30,6 +32,7 @@ __all__ = [
 FORMAT_VERSION = 1
 ORDINAL = struct.Struct(">I")
 COUNTS = struct.Struct("<QQ")
+SCAN_BATCH = 512
 
 
 def check_format(shared: SharedEnv, capacity_bytes: int | None, *, readonly: bool) -> int:
@@ -66,6 +69,29 @@ def ordinal(txn: lmdb.Transaction[Any], shared: SharedEnv, namespace: str) -> in
 def prefix(txn: lmdb.Transaction[Any], shared: SharedEnv, namespace: str) -> bytes:
     """The key prefix of `namespace`'s entries, read in `txn`."""
     return ORDINAL.pack(ordinal(txn, shared, namespace))
+
+
+def scan(shared: SharedEnv, namespace: str, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """`(key, meta record)` pairs of `namespace` whose keys start with `start`, in key order,
+    read in batches of short read transactions (a long scan never pins old pages)."""
+    last: bytes | None = None
+    while True:
+        batch: list[tuple[bytes, bytes]] = []
+        with shared.read_txn() as txn:
+            ns_prefix = prefix(txn, shared, namespace)
+            cursor = txn.cursor(db=shared.dbs[b"meta"])
+            found = cursor.set_range(ns_prefix + (start if last is None else last))
+            while found and len(batch) < SCAN_BATCH:
+                full_key = bytes(cursor.key())
+                if not full_key.startswith(ns_prefix + start):
+                    break
+                if full_key[len(ns_prefix) :] != last:
+                    batch.append((full_key[len(ns_prefix) :], bytes(cursor.value())))
+                found = cursor.next()
+        yield from batch
+        if len(batch) < SCAN_BATCH:
+            return
+        last = batch[-1][0]
 
 
 def total_used(txn: lmdb.Transaction[bytes], shared: SharedEnv) -> int:

@@ -10,6 +10,10 @@ boundary (`row_stride_bytes = round_up(row_bytes, 4096)`). Header (little endian
 `KVSTREG\\0`, format version u32, header bytes u32, owner pid i64, num_rows u64, row_bytes u64,
 row_stride_bytes u64, created time f64 (epoch seconds). The magic is written last.
 
+**Memory.** `create` reserves the whole file up front (`posix_fallocate`), so a region larger
+than the free shared memory fails at start with `RegionError` rather than with a SIGBUS later;
+every process maps it with `MAP_POPULATE`, so copies into rows take no page faults.
+
 **Stale regions.** If `create` finds a file of that name whose owner pid is dead (or was reused
 by a younger process), or whose header is unreadable, it logs a warning, removes it and creates a
 fresh one. If the owner is alive it raises `RegionError`: never a crash loop.
@@ -40,6 +44,7 @@ from tiers._region_file import (
     PAGE_BYTES,
     REGION_FORMAT_VERSION,
     RegionHeader,
+    map_shared,
     publish,
     reclaim_stale_regions,
     region_path,
@@ -128,7 +133,7 @@ class CPURegion:
                         f"region file {path} is shorter than its header says "
                         f"({header.file_bytes} bytes)"
                     )
-                mapping = mmap.mmap(file.fileno(), header.file_bytes, mmap.MAP_SHARED)
+                mapping = map_shared(file.fileno(), header.file_bytes)
         except FileNotFoundError as exc:
             raise RegionError(f"no CPU region {name!r} in {path.parent}") from exc
         except OSError as exc:

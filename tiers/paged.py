@@ -19,9 +19,11 @@ blocks for all of those layers at once.
 **Bytes, not values.** Layers are viewed as uint8 (their last dim must have stride 1), so every
 dtype round-trips bit for bit.
 
-**Devices.** On CPU, copies run on the calling thread (a copy per run of consecutive block ids and
-per group of stacked layers). On CUDA, `gather` does one `index_select` per group into a device
-staging tensor and one `copy_(non_blocking=True)` into `out`; `scatter` is the reverse. They are
+**Devices.** On CPU, copies run on the calling thread (and torch's intra-op threads): one copy
+per run of consecutive block ids and group of stacked layers, or, for a whole chunk of mostly
+scattered ids, one `index_select` per group (measured faster; see `benchmarks/README.md`).
+On CUDA, per group, `gather` does one `index_select` into a device staging tensor and one
+`copy_(non_blocking=True)` into `out`; `scatter` is the reverse (`index_copy_`). They are
 enqueued on `stream` (or the current stream) and return before the copy is done: the caller
 records an event on that stream and waits on it before reading `out` or reusing `src`. `out` and
 `src` should then be pinned (see `CPURegion`).
@@ -168,12 +170,7 @@ class PagedKVView:
 
             _cuda.gather(self._groups, ids, out, num_chunk_blocks, first_block, stream)
         else:
-            runs = _runs(ids)
-            for group in self._groups:
-                dst = group.buffer_view(out, num_chunk_blocks)
-                for position, start, length in runs:
-                    src = group.tensor.narrow(group.block_dim, start, length)
-                    dst.narrow(group.block_dim, first_block + position, length).copy_(src)
+            _gather_cpu(self._groups, ids, out, num_chunk_blocks, first_block)
         return self.buffer_bytes(len(ids))
 
     def scatter(
@@ -196,12 +193,7 @@ class PagedKVView:
 
             _cuda.scatter(self._groups, ids, src, num_chunk_blocks, first_block, stream)
         else:
-            runs = _runs(ids)
-            for group in self._groups:
-                source = group.buffer_view(src, num_chunk_blocks)
-                for position, start, length in runs:
-                    dst = group.tensor.narrow(group.block_dim, start, length)
-                    dst.copy_(source.narrow(group.block_dim, first_block + position, length))
+            _scatter_cpu(self._groups, ids, src, num_chunk_blocks, first_block)
         return self.buffer_bytes(len(ids))
 
     def _check_ids(self, block_ids: Sequence[int]) -> list[int]:
@@ -239,6 +231,40 @@ class PagedKVView:
                 f"{what} is on {buffer.device}; expected cpu or the KV cache's {self.device}"
             )
         return num_chunk_blocks
+
+
+def _gather_cpu(
+    groups: Sequence[_Group], ids: list[int], out: torch.Tensor, num_chunk_blocks: int,
+    first_block: int,
+) -> None:  # fmt: skip
+    runs = _runs(ids)
+    is_whole_chunk = first_block == 0 and len(ids) == num_chunk_blocks
+    if is_whole_chunk and len(runs) > len(ids) // 2:
+        # Mostly scattered ids: one index_select per group writes each layer's section in order
+        # and measured faster than a copy per block (see benchmarks/README.md).
+        index = torch.tensor(ids, dtype=torch.int64)
+        for group in groups:
+            dst = group.buffer_view(out, num_chunk_blocks)
+            torch.index_select(group.tensor, group.block_dim, index, out=dst)
+        return
+    for group in groups:
+        dst = group.buffer_view(out, num_chunk_blocks)
+        for position, start, length in runs:
+            src = group.tensor.narrow(group.block_dim, start, length)
+            dst.narrow(group.block_dim, first_block + position, length).copy_(src)
+
+
+def _scatter_cpu(
+    groups: Sequence[_Group], ids: list[int], src: torch.Tensor, num_chunk_blocks: int,
+    first_block: int,
+) -> None:  # fmt: skip
+    # A copy per run, in order, so a repeated id keeps its last occurrence (index_copy_ measured
+    # 5x slower and leaves repeats undefined).
+    for group in groups:
+        source = group.buffer_view(src, num_chunk_blocks)
+        for position, start, length in _runs(ids):
+            dst = group.tensor.narrow(group.block_dim, start, length)
+            dst.copy_(source.narrow(group.block_dim, first_block + position, length))
 
 
 def _runs(ids: Sequence[int]) -> list[tuple[int, int, int]]:

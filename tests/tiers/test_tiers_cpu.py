@@ -85,6 +85,12 @@ def test_bad_arguments(tmp_path: Path) -> None:
         assert not (tmp_path / "r").exists()
 
 
+def test_region_larger_than_the_free_space_fails_cleanly(tmp_path: Path) -> None:
+    with pytest.raises(RegionError, match="cannot"):
+        CPURegion.create("huge", 1 << 20, 1 << 30, directory=tmp_path)  # 1 PiB
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_live_owner_is_refused(tmp_path: Path) -> None:
     with (
         CPURegion.create("live", 1, ROW_BYTES, directory=tmp_path),

@@ -15,6 +15,7 @@ from tiers_testlib import (
     CAPACITY_BYTES,
     flip_lmdb_value,
     put_loop_in_child,
+    reader_after_growth_in_child,
     reader_in_child,
     writer_in_child,
 )
@@ -141,6 +142,34 @@ def test_map_full_grows_the_map(tmp_path: Path, caplog: pytest.LogCaptureFixture
         assert "grew LMDB map" in caplog.text
         assert store.stats().num_entries == 32
         assert store.stats().map_size_bytes > 1 << 20
+
+
+def test_reader_process_adopts_a_map_grown_by_the_writer(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    ready, go, result = (str(tmp_path / name) for name in ("ready", "go", "result"))
+    writer = LMDBStore.open(path, capacity_bytes=64 << 20, map_size_bytes=1 << 20)
+    try:
+        writer.register_namespace("ns", {})
+        writer.put_many("ns", [(b"first", b"x" * 1000)])
+        reader = multiprocessing.get_context("spawn").Process(
+            target=reader_after_growth_in_child, args=(str(path), ready, go, result)
+        )
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not Path(ready).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for batch in range(12):  # 12 MiB through a 1 MiB map: it grows several times
+            writer.put_many(
+                "ns", [(f"{batch}-{i}".encode(), os.urandom(1 << 20 >> 2)) for i in range(4)]
+            )
+        Path(go).touch()
+        reader.join(timeout=120)
+        assert reader.exitcode == 0
+        map_before, map_after, num_read = map(int, Path(result).read_text().split())
+        assert map_after > map_before
+        assert num_read == 49
+    finally:
+        writer.close()
 
 
 def test_readonly_open_shares_the_environment_and_refuses_writes(open_store: OpenStore) -> None:

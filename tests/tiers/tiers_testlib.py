@@ -254,3 +254,20 @@ def reader_in_child(store_path: str, duration_s: float, result_path: str) -> Non
                 num_verified += size is not None
             num_scans += 1
     Path(result_path).write_text(f"{num_scans} {num_verified}")
+
+
+def reader_after_growth_in_child(store_path: str, ready: str, go: str, result: str) -> None:
+    """Open read-only with the store's small map, wait while the writer grows it, then read."""
+    import time
+
+    from tiers.lmdb import LMDBStore
+
+    with LMDBStore.open(store_path, readonly=True, map_size_bytes=1 << 20) as store:
+        map_before = store.stats().map_size_bytes
+        Path(ready).touch()
+        deadline = time.monotonic() + 60
+        while not Path(go).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        out = bytearray(1 << 20)
+        num_read = sum(store.get_into("ns", m.key, out) is not None for m in store.iter_meta("ns"))
+        Path(result).write_text(f"{map_before} {store.stats().map_size_bytes} {num_read}")
