@@ -90,6 +90,9 @@ class ConnectorScheduler:
         state = self._state(request)
         if state.promoting or state.load_job is not None:
             return None, False  # a promotion (or an earlier load) is still in flight
+        # vLLM may ask again (a deferral, or no free blocks last time): start from a clean
+        # slate, or the holds of the previous answer would be taken twice.
+        self._release_holds(state)
         chunk_tokens = self._geo.num_tokens_per_chunk
         # The last prompt token is always computed by the engine (it yields the first logits).
         max_chunks = (request.num_tokens - 1) // chunk_tokens
