@@ -20,9 +20,9 @@ every commit is flushed (msync + fdatasync of the data pages) before `put_many` 
 meta page is not synced separately, which LMDB documents as keeping the tree intact (a power loss
 can only undo the last commit). A killed process (SIGKILL) loses nothing committed with any
 setting: the pages are already in the kernel's page cache. `writemap` writes values straight
-into the shared map (one copy fewer) and measured ~30% faster puts than without it; a separate
+into the shared map (one copy fewer) and measured ~25% faster puts than without it; a separate
 meta sync measured no difference; `sync=False` or `map_async` doubled put throughput but a power
-loss could then corrupt the tree, so they stay off. `readahead` makes cold 4 MiB reads ~30x
+loss could then corrupt the tree, so they stay off. `readahead` makes cold 4 MiB reads ~20x
 faster. A put that would overflow the map grows it (at most to `4 * capacity_bytes + 1 GiB`); if
 that is impossible it raises `StoreFullError`, never crashes.
 """
