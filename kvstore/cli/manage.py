@@ -1,0 +1,238 @@
+"""`kvstore rm` and `kvstore gc`: delete chunks from a store, live engine or not.
+
+Deletes run in ordinary write transactions of at most `_BATCH` chunks, so an engine writing the
+same store waits for at most one short batch (LMDB serialises writers across processes); the
+engine treats a chunk that vanished under it as a miss. Both ask before deleting on a terminal,
+and refuse without `--yes` when stdin is not one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from kvstore.cli._common import (
+    EXIT_FAILURE,
+    UsageError,
+    cli_errors,
+    confirm,
+    emit_json,
+    err_console,
+    format_bytes,
+    open_store,
+    parse_size_option,
+    resolve_key,
+    resolve_namespaces,
+)
+from kvstore.cli.app import app
+from tiers.lmdb import LMDBStore
+from tiers.store import EntryMeta
+
+__all__ = ["evict_lru", "gc", "rm"]
+
+_BATCH = 256
+_MAX_GC_PASSES = 3
+
+StoreArgument = Annotated[Path, typer.Argument(help="The store directory (holds data.mdb).")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+JSONOption = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What `rm` deletes: these chunks, or every chunk of these namespaces."""
+
+    chunks: tuple[EntryMeta, ...] = ()
+    namespaces: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.chunks:
+            return f"{len(self.chunks)} chunk(s)"
+        return f"every chunk of {len(self.namespaces)} namespace(s): {', '.join(self.namespaces)}"
+
+
+def _batched(items: Iterable[bytes]) -> Iterator[list[bytes]]:
+    iterator = iter(items)
+    while batch := list(islice(iterator, _BATCH)):
+        yield batch
+
+
+def delete_namespace_entries(store: LMDBStore, namespace: str) -> int:
+    """Delete every chunk of `namespace` in short transactions; its registration stays, so a
+    live engine keeps writing to it."""
+    num_deleted = 0
+    while keys := list(islice(store.iter_keys(namespace), _BATCH)):
+        num_deleted += store.delete_many(namespace, keys)
+    return num_deleted
+
+
+def _select(
+    store: LMDBStore, keys: Sequence[str], namespace: str | None, *, every: bool, unregister: bool
+) -> _Target:
+    if every and (keys or namespace):
+        raise UsageError("--all deletes everything; give no KEY and no --namespace with it")
+    if unregister and (keys or not (namespace or every)):
+        raise UsageError("--unregister goes with --namespace NS or --all, and no KEY")
+    if keys:
+        names = resolve_namespaces(store, namespace)
+        chunks = {(m.namespace, m.key): m for m in (resolve_key(store, k, names) for k in keys)}
+        return _Target(chunks=tuple(chunks.values()))
+    if namespace is not None:
+        return _Target(namespaces=tuple(resolve_namespaces(store, namespace)))
+    if every:
+        return _Target(namespaces=tuple(resolve_namespaces(store, None)))
+    raise UsageError("say what to delete: KEY..., --namespace NS or --all")
+
+
+def _delete(store: LMDBStore, target: _Target, unregister: bool) -> int:
+    num_deleted = 0
+    for chunk in target.chunks:
+        num_deleted += store.delete_many(chunk.namespace, [chunk.key])
+    for namespace in target.namespaces:
+        num_deleted += delete_namespace_entries(store, namespace)
+        if unregister:
+            num_deleted += store.delete_namespace(namespace)
+    return num_deleted
+
+
+@app.command()
+def rm(
+    store: StoreArgument,
+    keys: Annotated[
+        list[str] | None, typer.Argument(help="Hex prefixes of the chunks to delete.")
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(help="Without KEY: delete every chunk of this namespace; with: look there."),
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="Delete every chunk of the store.")] = False,
+    unregister: Annotated[
+        bool,
+        typer.Option(help="Also drop the namespace registration (only when no engine uses it)."),
+    ] = False,
+    yes: YesOption = False,
+    as_json: JSONOption = False,
+) -> None:
+    """Delete chunks: KEY... (hex prefixes), a whole --namespace, or --all."""
+    with cli_errors():
+        with open_store(store) as opened:
+            target = _select(opened, keys or [], namespace, every=every, unregister=unregister)
+        confirm(f"delete {target.describe()} from {opened.path}", yes=yes)
+        with open_store(store, writable=True) as writable:
+            num_deleted = _delete(writable, target, unregister)
+            stats = writable.stats()
+    document = {
+        "path": str(opened.path),
+        "num_deleted": num_deleted,
+        "num_entries": stats.num_entries,
+        "used_bytes": stats.used_bytes,
+    }
+    if as_json:
+        emit_json(document)
+    else:
+        Console(highlight=False).print(
+            f"deleted {num_deleted:,} chunks; {stats.num_entries:,} left "
+            f"({format_bytes(stats.used_bytes)})"
+        )
+
+
+# -- gc ---------------------------------------------------------------------------------------
+
+
+def _lru_order(store: LMDBStore) -> list[EntryMeta]:
+    """Every chunk, least recently accessed first (the store's LRU), oldest created on ties."""
+    metas = [meta for ns in store.namespaces() for meta in store.iter_meta(ns)]
+    metas.sort(key=lambda m: (m.last_access_s, m.created_s))
+    return metas
+
+
+def _victims(metas: Iterable[EntryMeta], num_bytes: int) -> list[EntryMeta]:
+    chosen: list[EntryMeta] = []
+    freed = 0
+    for meta in metas:
+        if freed >= num_bytes:
+            break
+        chosen.append(meta)
+        freed += meta.size_bytes
+    return chosen
+
+
+def evict_lru(store: LMDBStore, max_bytes: int, victims: Sequence[EntryMeta]) -> int:
+    """Delete `victims` in order, in batches, until used bytes <= `max_bytes`; returns the
+    number deleted."""
+    num_deleted = 0
+    for start in range(0, len(victims), _BATCH):
+        if store.stats().used_bytes <= max_bytes:
+            break
+        by_namespace: dict[str, list[bytes]] = {}
+        for meta in victims[start : start + _BATCH]:
+            by_namespace.setdefault(meta.namespace, []).append(meta.key)
+        for namespace, keys in by_namespace.items():
+            num_deleted += store.delete_many(namespace, keys)
+    return num_deleted
+
+
+def _plan_gc(store: Path, max_bytes: int) -> tuple[int, list[EntryMeta]]:
+    with open_store(store) as opened:
+        used = opened.stats().used_bytes
+        victims = _victims(_lru_order(opened), used - max_bytes) if used > max_bytes else []
+    return used, victims
+
+
+@app.command()
+def gc(
+    store: StoreArgument,
+    max_bytes: Annotated[
+        str, typer.Option(help="Evict until the chunks use at most this much, e.g. 512MiB.")
+    ],
+    dry_run: Annotated[bool, typer.Option(help="Only say what would be evicted.")] = False,
+    yes: YesOption = False,
+    as_json: JSONOption = False,
+) -> None:
+    """Evict the least recently accessed chunks until used bytes <= --max-bytes."""
+    with cli_errors():
+        limit = parse_size_option("--max-bytes", max_bytes)
+        used_before, victims = _plan_gc(store, limit)
+        num_evicted, used_after = 0, used_before
+        if victims and not dry_run:
+            confirm(f"evict {len(victims):,} chunks from {store}", yes=yes)
+            for _ in range(_MAX_GC_PASSES):  # a live engine may write meanwhile
+                with open_store(store, writable=True) as writable:
+                    num_evicted += evict_lru(writable, limit, victims)
+                used_after, victims = _plan_gc(store, limit)
+                if not victims:
+                    break
+    document: dict[str, Any] = {
+        "path": str(store),
+        "max_bytes": limit,
+        "used_bytes_before": used_before,
+        "used_bytes_after": used_after,
+        "num_evicted": num_evicted,
+        "dry_run": dry_run,
+        "num_would_evict": len(victims) if dry_run else 0,
+    }
+    _report_gc(document, as_json=as_json)
+    if not dry_run and used_after > limit:
+        err_console().print(f"[red]error:[/red] still {used_after:,} bytes used (limit {limit:,})")
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _report_gc(document: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        emit_json(document)
+        return
+    used_before, used_after = document["used_bytes_before"], document["used_bytes_after"]
+    limit = format_bytes(document["max_bytes"])
+    if document["dry_run"]:
+        line = f"would evict {document['num_would_evict']:,} chunks"
+    else:
+        line = f"evicted {document['num_evicted']:,} chunks"
+    Console(highlight=False).print(
+        f"{line}: used {format_bytes(used_before)} -> {format_bytes(used_after)} (limit {limit})"
+    )

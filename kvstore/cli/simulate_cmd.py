@@ -1,0 +1,264 @@
+"""`kvstore simulate TRACE`: capacity planning by replaying a prompt trace through the real index.
+
+Each prompt goes through `kvstore.simulate.simulate` (the real `TierIndex`, driven the way the
+connector drives it). One run prints the hits per tier; `--sweep` tries every combination of the
+comma-separated `--cpu-bytes`/`--disk-bytes` sizes and repeated `--policy`, and `--plot` draws hit
+ratio against size. `--make-trace OUT` writes a sample multi-turn chat trace to try it on.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from kvstore.cli._common import (
+    UsageError,
+    cli_errors,
+    emit_json,
+    err_console,
+    format_bytes,
+    parse_size_option,
+)
+from kvstore.cli._describe import new_table
+from kvstore.cli._plot import plot_sweep
+from kvstore.cli._trace import ChatTraceSpec, make_chat_trace, write_trace
+from kvstore.cli.app import app
+from kvstore.simulate import SimulationResult, TraceFormatError, load_trace, simulate
+
+__all__ = ["Policy", "SimulationPlan", "simulate_command"]
+
+# KV bytes per token of Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 dims x (K, V) x 2 B.
+DEFAULT_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+
+
+class Policy(StrEnum):
+    LRU = "lru"
+    ARC = "arc"
+
+
+class SimulationPlan:
+    """Validated sizes of a run or a sweep."""
+
+    def __init__(
+        self, cpu_bytes: str, disk_bytes: str, chunk_bytes: str | None, block_size: int
+    ) -> None:
+        self.block_size = block_size
+        self.chunk_bytes = (
+            block_size * DEFAULT_BYTES_PER_TOKEN
+            if chunk_bytes is None
+            else parse_size_option("--chunk-bytes", chunk_bytes)
+        )
+        if self.chunk_bytes < 1:
+            raise UsageError(f"--chunk-bytes must be at least 1 byte, got {chunk_bytes!r}")
+        self.cpu_sizes = _size_list("--cpu-bytes", cpu_bytes)
+        self.disk_sizes = _size_list("--disk-bytes", disk_bytes)
+        for size in self.cpu_sizes:
+            if size < self.chunk_bytes:
+                raise UsageError(
+                    f"--cpu-bytes {format_bytes(size)} holds no chunk of "
+                    f"{format_bytes(self.chunk_bytes)} (--chunk-bytes); give more"
+                )
+        for size in self.disk_sizes:
+            if 0 < size < self.chunk_bytes:
+                raise UsageError(
+                    f"--disk-bytes {format_bytes(size)} must be 0 (no disk tier) or hold at least "
+                    f"one chunk of {format_bytes(self.chunk_bytes)}"
+                )
+
+    @property
+    def num_runs(self) -> int:
+        return len(self.cpu_sizes) * len(self.disk_sizes)
+
+
+def _size_list(option: str, text: str) -> list[int]:
+    sizes = [parse_size_option(option, part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise UsageError(f"{option}: expected one size or a comma-separated list, got {text!r}")
+    return sizes
+
+
+def _run_all(
+    prompts: list[list[int]], plan: SimulationPlan, policies: list[Policy], engine_chunks: int
+) -> list[SimulationResult]:
+    """`simulate` for every policy x CPU size x disk size, with a progress line on stderr."""
+    results: list[SimulationResult] = []
+    err = err_console()
+    total = len(policies) * plan.num_runs
+    with err.status("simulating") as status:
+        for policy in policies:
+            for cpu in plan.cpu_sizes:
+                for disk in plan.disk_sizes:
+                    status.update(f"simulating {len(results) + 1}/{total}")
+                    results.append(
+                        simulate(
+                            prompts,
+                            num_tokens_per_chunk=plan.block_size,
+                            cpu_rows=cpu // plan.chunk_bytes,
+                            disk_bytes=disk,
+                            chunk_bytes=plan.chunk_bytes,
+                            policy=policy.value,
+                            engine_chunks=engine_chunks,
+                        )
+                    )
+    return results
+
+
+def result_json(result: SimulationResult, chunk_bytes: int) -> dict[str, Any]:
+    """`SimulationResult.as_row()` plus the sizes in bytes and per-tier ratios."""
+    num_asked = result.num_chunks - result.num_engine_hit_chunks
+    row: dict[str, Any] = dict(result.as_row())
+    row.update(
+        cpu_bytes=result.num_cpu_rows * chunk_bytes,
+        disk_bytes=result.disk_capacity_bytes,
+        chunk_bytes=chunk_bytes,
+        num_hit_tokens=result.num_hit_tokens,
+        cpu_hit_ratio=round(result.num_cpu_hit_chunks / num_asked, 6) if num_asked else 0.0,
+        disk_hit_ratio=round(result.num_disk_hit_chunks / num_asked, 6) if num_asked else 0.0,
+    )
+    return row
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _print_single(row: dict[str, Any]) -> None:
+    console = Console(highlight=False)
+    num_tokens = row["num_tokens_per_chunk"]
+    numeric = ("chunks", "tokens", "of prompt chunks")
+    table = new_table("served by", "chunks", "tokens", "of prompt chunks", numeric=numeric)
+    for label, chunks in (
+        ("engine prefix cache", row["num_engine_hit_chunks"]),
+        ("kvstore cpu", row["num_cpu_hit_chunks"]),
+        ("kvstore disk", row["num_disk_hit_chunks"]),
+        ("computed (miss)", row["num_miss_chunks"]),
+    ):
+        table.add_row(
+            label, f"{chunks:,}", f"{chunks * num_tokens:,}", _percent(chunks, row["num_chunks"])
+        )
+    table.title = (
+        f"{row['policy']}: cpu {format_bytes(row['cpu_bytes'])} ({row['num_cpu_rows']:,} rows), "
+        f"disk {format_bytes(row['disk_bytes'])}, chunk {format_bytes(row['chunk_bytes'])}"
+    )
+    console.print(table)
+    console.print(
+        f"{row['num_requests']:,} requests, {row['num_prompt_tokens']:,} prompt tokens; "
+        f"offload hit ratio {100 * row['hit_ratio']:.1f}% "
+        f"(cpu {100 * row['cpu_hit_ratio']:.1f}%, disk {100 * row['disk_hit_ratio']:.1f}%)"
+    )
+
+
+def _print_sweep(rows: list[dict[str, Any]]) -> None:
+    columns = ("policy", "cpu", "disk", "cpu hits", "disk hits", "hit tokens", "hit ratio")
+    table = new_table(*columns, numeric=columns[1:], title="simulated hit rates")
+    for row in rows:
+        table.add_row(
+            row["policy"],
+            format_bytes(row["cpu_bytes"]),
+            format_bytes(row["disk_bytes"]),
+            f"{row['num_cpu_hit_chunks']:,}",
+            f"{row['num_disk_hit_chunks']:,}",
+            f"{row['num_hit_tokens']:,}",
+            f"{100 * row['hit_ratio']:.1f}%",
+        )
+    Console(highlight=False).print(table)
+
+
+def _make_trace(out: Path, spec: ChatTraceSpec, *, as_json: bool) -> None:
+    prompts = make_chat_trace(spec)
+    write_trace(out, prompts)
+    document = {
+        "trace_path": str(out),
+        "num_requests": len(prompts),
+        "num_prompt_tokens": sum(len(p) for p in prompts),
+        "num_conversations": spec.num_conversations,
+        "num_turns": spec.num_turns,
+    }
+    if as_json:
+        emit_json(document)
+    else:
+        Console(highlight=False).print(
+            f"wrote {out}: {len(prompts)} prompts, {document['num_prompt_tokens']:,} tokens "
+            f"({spec.num_conversations} conversations x {spec.num_turns} turns)"
+        )
+
+
+def _load(trace: Path | None) -> list[list[int]]:
+    if trace is None:
+        raise UsageError("give a TRACE file (or --make-trace OUT.jsonl to write a sample one)")
+    if not trace.is_file():
+        raise UsageError(f"trace {trace} is not a file; expected JSONL of prompt_token_ids")
+    try:
+        return load_trace(trace)
+    except (TraceFormatError, UnicodeDecodeError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _check_options(
+    plan: SimulationPlan, policies: list[Policy], *, is_sweep: bool, plot: Path | None
+) -> None:
+    if not is_sweep and (plan.num_runs > 1 or len(policies) > 1):
+        raise UsageError("several sizes or policies need --sweep")
+    if plot is not None and not is_sweep:
+        raise UsageError("--plot draws a sweep; add --sweep")
+
+
+@app.command(name="simulate")
+def simulate_command(
+    trace: Annotated[
+        Path | None, typer.Argument(help='JSONL trace: one {"prompt_token_ids": [...]} a line.')
+    ] = None,
+    cpu_bytes: Annotated[
+        str | None, typer.Option(help="CPU tier size, e.g. 4GiB (comma-separated with --sweep).")
+    ] = None,
+    disk_bytes: Annotated[
+        str, typer.Option(help="Disk tier size, 0 = none (comma-separated with --sweep).")
+    ] = "0",
+    policy: Annotated[
+        list[Policy] | None, typer.Option(help="Eviction policy, both tiers (repeat to sweep).")
+    ] = None,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per chunk.")] = 32,
+    chunk_bytes: Annotated[
+        str | None,
+        typer.Option(help="Bytes of one chunk [default: block size x 128 KiB, Llama-3-8B bf16]."),
+    ] = None,
+    engine_chunks: Annotated[
+        int, typer.Option(min=0, help="Chunks the engine's own prefix cache holds (0 = none).")
+    ] = 0,
+    is_sweep: Annotated[bool, typer.Option("--sweep", help="Try every size and policy.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="With --sweep: write a PNG here.")] = None,
+    make_trace: Annotated[
+        Path | None, typer.Option(help="Write a sample multi-turn chat trace here and exit.")
+    ] = None,
+    conversations: Annotated[int, typer.Option(min=1, help="--make-trace: conversations.")] = 8,
+    turns: Annotated[int, typer.Option(min=1, help="--make-trace: turns each.")] = 6,
+    seed: Annotated[int, typer.Option(help="--make-trace: random seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Replay a prompt trace through the real tier index and print hit rates per tier."""
+    with cli_errors():
+        if make_trace is not None:
+            spec = ChatTraceSpec(num_conversations=conversations, num_turns=turns, seed=seed)
+            _make_trace(make_trace, spec, as_json=as_json)
+            return
+        if cpu_bytes is None:
+            raise UsageError("--cpu-bytes is required, e.g. --cpu-bytes 4GiB")
+        policies = list(dict.fromkeys(policy or [Policy.LRU]))
+        plan = SimulationPlan(cpu_bytes, disk_bytes, chunk_bytes, block_size)
+        _check_options(plan, policies, is_sweep=is_sweep, plot=plot)
+        prompts = _load(trace)
+        results = _run_all(prompts, plan, policies, engine_chunks)
+        rows = [result_json(result, plan.chunk_bytes) for result in results]
+        if plot is not None:
+            plot_sweep(results, plot, chunk_bytes=plan.chunk_bytes, title=str(trace))
+            err_console().print(f"wrote {plot}")
+    if as_json:
+        emit_json({"trace_path": str(trace), "results": rows} if is_sweep else rows[0])
+    elif is_sweep:
+        _print_sweep(rows)
+    else:
+        _print_single(rows[0])
