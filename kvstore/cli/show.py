@@ -71,10 +71,10 @@ def decode_chunk(value: memoryview, descriptor: Mapping[str, Any]) -> Decoded:
     layout, reason = chunk_layout(descriptor)
     tp_size = descriptor.get("tp_size", 1)
     row_bytes = descriptor.get("row_bytes", value.nbytes)
-    if layout is None:
-        return Decoded(skipped_reason=reason)
     if not isinstance(tp_size, int) or tp_size < 1:
         return Decoded(skipped_reason=f"the descriptor's tp_size {tp_size!r} is not an int >= 1")
+    if layout is None:
+        return Decoded(tp_size, skipped_reason=reason)
     if row_bytes != value.nbytes or value.nbytes % tp_size:
         return Decoded(
             tp_size,
@@ -113,7 +113,7 @@ def short_layer_names(names: Sequence[str]) -> tuple[list[str], str]:
     prefix = _common_prefix(names)
     suffix = _common_prefix([name[len(prefix) :][::-1] for name in names])[::-1]
     short = [name[len(prefix) : len(name) - len(suffix)] for name in names]
-    if not all(short):
+    if not all(short) or not (prefix or suffix):
         return list(names), ""
     return short, f"{prefix}*{suffix}"
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+
+from kvstore.cli._common import format_bytes, relative_time
+from kvstore.cli.show import decode_chunk, short_layer_names
+from tiers.lmdb import LMDBStore
 
 from .helpers import (
     BARE,
@@ -57,9 +62,7 @@ def test_stat_human_prints_the_store_and_each_namespace(built: BuiltStore) -> No
     assert result.stderr == ""
 
 
-def test_stat_of_an_empty_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tiers.lmdb import LMDBStore
-
+def test_stat_of_an_empty_store(tmp_path: Path) -> None:
     LMDBStore.open(tmp_path / "empty", capacity_bytes=1 << 20).close()
     doc = run_json("stat", tmp_path / "empty")
     assert (doc["num_entries"], doc["oldest_access_s"], doc["namespaces"]) == (0, None, [])
@@ -111,10 +114,8 @@ def test_ls_takes_a_unique_namespace_prefix(built: BuiltStore) -> None:
 
 
 def test_ls_hits_order_follows_touches(built: BuiltStore) -> None:
-    from tiers.lmdb import LMDBStore
-
     with LMDBStore.open(built.path, capacity_bytes=CAPACITY_BYTES) as store:
-        store.touch_many(TP1, [built.keys[TP1][2]] * 1, now_s=BASE_S + 100)
+        store.touch_many(TP1, [built.keys[TP1][2]], now_s=BASE_S + 100)
         store.touch_many(TP1, [built.keys[TP1][2]], now_s=BASE_S + 101)
     chunks = run_json("ls", built.path, "--sort", "hits", "--limit", "1")["chunks"]
     assert (chunks[0]["key"], chunks[0]["num_hits"]) == (built.keys[TP1][2].hex(), 2)
@@ -193,3 +194,44 @@ def test_show_without_a_chunk_layout_prints_metadata_and_why(built: BuiltStore) 
     result = run("show", built.path, built.keys[BARE][0].hex()[:4])
     assert result.exit_code == 0
     assert "no decode" in result.stdout
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def test_decode_explains_a_value_that_does_not_fit_the_descriptor(built: BuiltStore) -> None:
+    descriptor = run_json("show", built.path, built.keys[TP1][0].hex()[:6])["descriptor"]
+    value = memoryview(bytearray(built.values[(TP1, built.keys[TP1][0])]))
+    assert len(decode_chunk(value, descriptor).layers) == 2
+    short = decode_chunk(value[:-2], descriptor)
+    assert "row_bytes" in short.skipped_reason
+    assert short.layers == []
+    bad_tp = decode_chunk(value, {**descriptor, "tp_size": 0})
+    assert "tp_size" in bad_tp.skipped_reason
+    broken = decode_chunk(value, {**descriptor, "chunk_layout": {"version": 9}})
+    assert "cannot be read" in broken.skipped_reason
+
+
+def test_short_layer_names() -> None:
+    assert short_layer_names(["m.layers.0.attn", "m.layers.1.attn", "m.layers.10.attn"]) == (
+        ["0", "1", "10"],
+        "m.layers.*.attn",
+    )
+    assert short_layer_names(["k", "v"]) == (["k", "v"], "")
+    assert short_layer_names(["only"]) == (["only"], "")
+    assert short_layer_names(["a.x", "a.x.y"]) == (["a.x", "a.x.y"], "")
+
+
+@pytest.mark.parametrize(
+    ("delta_s", "text"),
+    [(0, "0s ago"), (59, "59s ago"), (61, "1m ago"), (7200, "2h ago"), (3 * 86400, "3d ago"),
+     (800 * 86400, "2y ago"), (-5, "in 5s")],
+)  # fmt: skip
+def test_relative_time(delta_s: float, text: str) -> None:
+    assert relative_time(BASE_S - delta_s, BASE_S) == text
+
+
+def test_format_bytes() -> None:
+    assert [format_bytes(n) for n in (0, 1023, 1536, 8 << 20, 3 << 40)] == [
+        "0 B", "1023 B", "1.5 KiB", "8.0 MiB", "3.0 TiB",
+    ]  # fmt: skip
