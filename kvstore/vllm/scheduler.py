@@ -119,7 +119,8 @@ class ConnectorScheduler:
                 self._index.complete_promotion(plan.keys, False)
             num_hits = _leading_cpu_hits(result.tiers)
         num_hit_tokens = (start + num_hits) * chunk_tokens - num_computed_tokens
-        self._record_lookup(state, len(wanted), num_hits, result.keys[:num_hits])
+        skip_tokens = num_computed_tokens - start * chunk_tokens
+        self._record_lookup(state, wanted, skip_tokens, num_hits)
         self._pump_events()
         if num_hit_tokens <= 0:
             self._release_holds(state)
@@ -128,21 +129,23 @@ class ConnectorScheduler:
         return num_hit_tokens, True
 
     def _record_lookup(
-        self, state: RequestState, num_chunks: int, num_hits: int, hit_keys: Sequence[BlockKey]
+        self, state: RequestState, keys: Sequence[BlockKey], skip_tokens: int, num_hits: int
     ) -> None:
+        """Count one lookup (once per request) in tokens the engine did not already have:
+        `skip_tokens` of the first chunk are computed locally."""
         if self._metrics is None or state.is_lookup_recorded:
             return
         state.is_lookup_recorded = True
         chunk_tokens = self._geo.num_tokens_per_chunk
-        num_disk = sum(1 for key in hit_keys if key in state.from_disk)
-        num_cpu = num_hits - num_disk
+        hits: dict[Tier, list[int]] = {Tier.CPU: [0, 0], Tier.DISK: [0, 0]}
+        for i, key in enumerate(keys[:num_hits]):
+            tier = Tier.DISK if key in state.from_disk else Tier.CPU
+            hits[tier][0] += 1
+            hits[tier][1] += chunk_tokens - (skip_tokens if i == 0 else 0)
         self._metrics.record_lookup(
-            num_chunks,
-            num_chunks * chunk_tokens,
-            {
-                Tier.CPU: (num_cpu, num_cpu * chunk_tokens),
-                Tier.DISK: (num_disk, num_disk * chunk_tokens),
-            },
+            len(keys),
+            len(keys) * chunk_tokens - skip_tokens,
+            {tier: (chunks, tokens) for tier, (chunks, tokens) in hits.items()},
         )
 
     def update_state_after_alloc(
@@ -163,13 +166,15 @@ class ConnectorScheduler:
         rows = dict(plan.items())
         first_block = num_computed // geo.engine_block_size
         segments = []
+        state.load_tokens = {}
         for offset, key in enumerate(keys):
             chunk_first = (first_chunk + offset) * geo.blocks_per_chunk
             start = max(chunk_first, first_block)
-            segment_blocks = block_ids[start : chunk_first + geo.blocks_per_chunk]
-            segments.append(
-                ChunkSegment(rows.get(key, -1), start - chunk_first, tuple(segment_blocks))
-            )
+            segment_blocks = tuple(block_ids[start : chunk_first + geo.blocks_per_chunk])
+            segments.append(ChunkSegment(rows.get(key, -1), start - chunk_first, segment_blocks))
+            tier = Tier.DISK if key in state.from_disk else Tier.CPU
+            tokens = len(segment_blocks) * geo.engine_block_size
+            state.load_tokens[tier] = state.load_tokens.get(tier, 0) + tokens
         if plan.missing:
             logger.warning(
                 "kvstore: %d chunk(s) of request %s vanished before their load; vLLM recomputes",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,7 +24,7 @@ from tiers.cpu import CPURegion
 from tiers.paged import PagedKVView
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
 
 __all__ = ["ConnectorWorker"]
 
@@ -67,7 +67,7 @@ class ConnectorWorker:
         self._view = view
         slice_bytes = self._geo.slice_bytes
         self._engine = TransferEngine(
-            _ViewCopier(view),
+            view,
             self._attach_region,
             SliceSpec(offset_bytes=self._tp_rank * slice_bytes, size_bytes=slice_bytes),
             device=view.device,
@@ -171,34 +171,3 @@ class ConnectorWorker:
         if self._region is not None:
             self._region.close()
             self._region = None
-
-
-class _ViewCopier:
-    """Adapts PagedKVView to the transfer engine (whole chunks only, for now)."""
-
-    def __init__(self, view: PagedKVView) -> None:
-        self._view = view
-
-    def gather(
-        self,
-        block_ids: Sequence[int],
-        out: torch.Tensor,
-        *,
-        first_block: int = 0,
-        stream: Any = None,
-    ) -> int:
-        if first_block:
-            raise NotImplementedError("partial-chunk transfers")
-        return self._view.gather(block_ids, out, stream=stream)
-
-    def scatter(
-        self,
-        block_ids: Sequence[int],
-        src: torch.Tensor,
-        *,
-        first_block: int = 0,
-        stream: Any = None,
-    ) -> int:
-        if first_block:
-            raise NotImplementedError("partial-chunk transfers")
-        return self._view.scatter(block_ids, src, stream=stream)

@@ -87,3 +87,25 @@ def test_disk_tier_hit_is_exact(
     assert tiers["disk"]["hit_tokens"] > 0, summary
     assert tiers["cpu"]["hit_tokens"] + tiers["disk"]["hit_tokens"] == HIT_TOKENS
     assert summary["bytes"]["disk_to_cpu"] == tiers["disk"]["hit_chunks"] * CHUNK_BYTES
+
+
+def test_partial_first_chunk_loads_only_missing_blocks(
+    tiny_model_dir: Path, baseline: dict[str, Any]
+) -> None:
+    """64-token chunks over 32-token engine blocks: the engine holds the first block of chunk 0,
+    kvstore loads the rest of that chunk (from its second block on) and the chunks after it."""
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES, block_size=64)
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        generate_greedy(llm, [PROMPT_A])
+        drain(llm)
+        assert llm.reset_prefix_cache()
+        generate_greedy(llm, [PROMPT_A[:40]])  # the engine caches block 0 of PROMPT_A again
+        drain(llm)
+        outputs = generate_outputs(llm, [PROMPT_A])
+        summary = kvstore_summary(llm)
+        _check_clean(llm)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [baseline["warm"][0]]
+    assert outputs[0].num_cached_tokens == 192
+    assert summary["tiers"]["cpu"]["hit_chunks"] == 3
+    assert summary["tiers"]["cpu"]["hit_tokens"] == 160  # what the engine did not have
+    assert summary["bytes"]["cpu_to_engine"] == 5 * CHUNK_BYTES  # 5 of the 6 blocks moved
