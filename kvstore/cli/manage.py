@@ -216,6 +216,7 @@ def gc(
         "num_evicted": num_evicted,
         "dry_run": dry_run,
         "num_would_evict": len(victims) if dry_run else 0,
+        "would_evict_bytes": sum(m.size_bytes for m in victims) if dry_run else 0,
     }
     _report_gc(document, as_json=as_json)
     if not dry_run and used_after > limit:
@@ -231,6 +232,7 @@ def _report_gc(document: dict[str, Any], *, as_json: bool) -> None:
     limit = format_bytes(document["max_bytes"])
     if document["dry_run"]:
         line = f"would evict {document['num_would_evict']:,} chunks"
+        used_after -= document["would_evict_bytes"]
     else:
         line = f"evicted {document['num_evicted']:,} chunks"
     Console(highlight=False).print(

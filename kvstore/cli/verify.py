@@ -69,13 +69,16 @@ class VerifyReport:
 
 
 def _progress() -> Progress:
+    """A bar on stderr, only when stderr is a terminal (nothing in logs or pipes)."""
+    console = err_console()
     return Progress(
         TextColumn("verifying"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err_console(),
+        console=console,
         transient=True,
+        disable=not console.is_terminal,
     )
 
 

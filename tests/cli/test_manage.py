@@ -109,6 +109,7 @@ def test_gc_human_with_a_size_string(built: BuiltStore) -> None:
 def test_gc_dry_run_deletes_nothing(built: BuiltStore) -> None:
     doc = run_json("gc", built.path, "--max-bytes", "0", "--dry-run")
     assert (doc["num_would_evict"], doc["num_evicted"]) == (10, 0)
+    assert doc["would_evict_bytes"] == built.used_bytes()
     assert doc["used_bytes_after"] == built.used_bytes()
     assert sum(len(keys) for keys in store_keys(built.path).values()) == 10
 
