@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvstore-installed
 
-.PHONY: install test lint unit demo bench clean
+.PHONY: install prometheus test lint unit demo bench clean
 
 install: $(STAMP)
 
@@ -24,7 +24,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check kvstore tiers tests benchmarks
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+# The dashboard tests scrape a real Prometheus (Debian's package; installed when root).
+prometheus: $(STAMP)
+	@$(PY) -c "from kvstore.testing.prometheus import ensure_prometheus as e; print('prometheus:', e())" \
+		|| echo "prometheus unavailable: the tests that need it will say so and skip"
+
+unit: $(STAMP) prometheus
 	$(VENV)/bin/pytest -q
 
 test: lint unit
