@@ -23,6 +23,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvstore.config import KVStoreConfig
@@ -30,6 +36,7 @@ from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata
 from kvstore.vllm.runtime import SchedulerRuntime
 from kvstore.vllm.scheduler import ConnectorScheduler
+from kvstore.vllm.vllm_metrics import KVStoreConnectorStats, KVStorePromMetrics
 from kvstore.vllm.worker import ConnectorWorker
 
 if TYPE_CHECKING:
@@ -200,6 +207,23 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         return self.scheduler.take_events()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self._scheduler.step_counters.take() if self._scheduler is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return KVStoreConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics:
+        return KVStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_work()

@@ -24,6 +24,7 @@ from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from kvstore.vllm.requests import JobState, RequestState
+from kvstore.vllm.vllm_metrics import StepCounters
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
@@ -65,6 +66,7 @@ class ConnectorScheduler:
         self._pending_finished: list[str] = []
         self._promotion_owner: dict[BlockKey, str] = {}
         self._events: list[Any] = []
+        self.step_counters = StepCounters()  # deltas for vLLM's own /metrics
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -142,6 +144,9 @@ class ConnectorScheduler:
             tier = Tier.DISK if key in state.from_disk else Tier.CPU
             hits[tier][0] += 1
             hits[tier][1] += chunk_tokens - (skip_tokens if i == 0 else 0)
+        self.step_counters.add("lookup_tokens", len(keys) * chunk_tokens - skip_tokens)
+        for tier, (_, tokens) in hits.items():
+            self.step_counters.add(f"hit_tokens/{tier.value}", tokens)
         self._metrics.record_lookup(
             len(keys),
             len(keys) * chunk_tokens - skip_tokens,
@@ -305,6 +310,7 @@ class ConnectorScheduler:
             self._index.complete_load(job.keys)
             if job.is_failed and self._metrics is not None:
                 self._metrics.record_load_failure(len(job.keys))
+                self.step_counters.add("load_failed_chunks", len(job.keys))
             if state is not None:
                 state.load_job = None
         # a request vLLM keeps alive for its stores is cleaned up on finished_sending
@@ -386,6 +392,7 @@ class ConnectorScheduler:
             return
         if self._metrics is not None:
             self._metrics.record_events(events)
+        self.step_counters.add_events(events)
         self._service.publish(events)
         self._events.extend(events)
 

@@ -117,3 +117,6 @@ def test_vllm_serve_loads_evicted_prefixes_from_kvstore(
     cached = [line for line in vllm_metrics.splitlines() if "cached_by_source_total" in line]
     assert by_source == hit_tokens, cached
     assert re.search(r"kvstore_keys_stable 1\.0", ours)
+    # vLLM's own endpoint carries kvstore's counters too
+    assert _sample(vllm_metrics, "vllm:kvstore_hit_tokens_total") == hit_tokens
+    assert _sample(vllm_metrics, "vllm:kvstore_stored_chunks_total", tier="cpu") > 0
