@@ -168,6 +168,7 @@ class ConnectorScheduler:
         keys = self.chunk_keys(request)[first_chunk:end_chunk]
         plan = self._index.prepare_load(keys)
         self._release_holds(state)
+        self._service.submit_touch(plan.keys)  # last access and hit count on disk, batched
         rows = dict(plan.items())
         first_block = num_computed // geo.engine_block_size
         segments = []

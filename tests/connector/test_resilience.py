@@ -17,6 +17,7 @@ from kvstore.vllm.engine import (
     kv_transfer_config,
     scheduler_connector,
 )
+from tiers.lmdb import LMDBStore
 
 pytestmark = pytest.mark.engine
 
@@ -64,6 +65,11 @@ def test_restart_serves_from_disk(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert second["summary"]["tiers"]["disk"]["hit_tokens"] == HIT_TOKENS, second["summary"]
     assert second["num_cached_tokens"] == [HIT_TOKENS]
     assert second["outputs"] == first["outputs"]
+    with LMDBStore.open(tmp_path / "store", readonly=True, create=False) as store:
+        (namespace,) = store.namespaces()
+        metas = list(store.iter_meta(namespace))
+    assert len(metas) == 6
+    assert all(m.num_hits == 1 and m.last_access_s > m.created_s for m in metas)
 
 
 def test_corrupt_chunk_is_recomputed_and_counted(tiny_model_dir: Path, tmp_path: Path) -> None:
