@@ -67,6 +67,7 @@ class SchedulerRuntime:
                 f"cpu_bytes: {config.cpu_bytes} bytes is smaller than one chunk "
                 f"({geo.row_bytes} bytes); raise cpu_bytes or lower block_size"
             )
+        config.region_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         reclaim_stale_regions(config.region_dir, prefix="kvstore-")
         self.region = CPURegion.create(
             geo.region_name, num_rows, geo.row_bytes, directory=config.region_dir

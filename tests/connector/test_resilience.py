@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,39 @@ def test_multiprocess_engine_loads_from_kvstore(tiny_model_dir: Path, tmp_path: 
     assert result["returncode"] == 0, result["stderr_tail"]
     assert result["repeat_outputs"] == result["outputs"]
     assert result["repeat_num_cached_tokens"] == [HIT_TOKENS], result["stderr_tail"]
+
+
+def test_rm_on_a_live_store_is_a_miss_and_shutdown_cleans_up(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`kvstore rm` from another process while the engine runs: the vanished chunks are misses,
+    the engine recomputes; at exit the shared region is gone and the store verifies."""
+    store, region_dir = tmp_path / "store", tmp_path / "shm"
+    config = kv_transfer_config(
+        cpu_bytes=8 * CHUNK_BYTES,
+        disk_path=str(store),
+        disk_bytes=64 * CHUNK_BYTES,
+        region_dir=str(region_dir),
+    )
+    other = [(19 * i + 2) % 500 + 5 for i in range(200)]
+    cli = [sys.executable, "-c", "from kvstore.cli import main; main()"]
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        expected = generate_greedy(llm, [PROMPT])
+        drain(llm)
+        generate_greedy(llm, [other])  # pushes most of PROMPT's chunks out of the CPU tier
+        drain(llm)
+        assert len(list(region_dir.iterdir())) == 1
+        removed = subprocess.run([*cli, "rm", str(store), "--all", "--yes"], check=False)
+        assert removed.returncode == 0
+        assert llm.reset_prefix_cache()
+        got = generate_greedy(llm, [PROMPT])
+        drain(llm)
+        summary = kvstore_summary(llm)
+        scheduler_connector(llm).runtime.index.check_invariants()
+    assert got == expected
+    assert summary["tiers"]["disk"]["hit_tokens"] == 0, summary
+    assert list(region_dir.iterdir()) == []  # the region was removed at shutdown
+    verified = subprocess.run(
+        [*cli, "verify", str(store), "--json"], capture_output=True, check=False
+    )
+    assert verified.returncode == 0, verified.stderr
