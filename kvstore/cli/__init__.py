@@ -8,6 +8,7 @@ document on stdout; human output is a rich table; progress and logs go to stderr
 from __future__ import annotations
 
 # Command modules register on `app` when imported (one line each, keep sorted).
+from kvstore.cli import bench as _bench  # noqa: F401
 from kvstore.cli import demo as _demo  # noqa: F401
 from kvstore.cli import listing as _listing  # noqa: F401
 from kvstore.cli import manage as _manage  # noqa: F401
