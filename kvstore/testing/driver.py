@@ -23,7 +23,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     multiprocess = bool(spec.get("multiprocess", False))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
     config = kv_transfer_config(**spec.get("extra", {}))
-    with engine(Path(spec["model_dir"]), kv_transfer=config, multiprocess=multiprocess) as llm:
+    llm_kwargs = dict(spec.get("llm_kwargs", {}))
+    model = Path(spec["model_dir"])
+    with engine(model, kv_transfer=config, multiprocess=multiprocess, **llm_kwargs) as llm:
         max_tokens = int(spec.get("max_tokens", 8))
         outputs = generate_outputs(llm, spec["prompts"], max_tokens=max_tokens)
         result: dict[str, Any] = {

@@ -14,6 +14,7 @@ __all__ = ["run_engine_process"]
 def run_engine_process(spec: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(spec.get("env", {}))
     proc = subprocess.run(
         [sys.executable, "-m", "kvstore.testing.driver", json.dumps(spec)],
         capture_output=True,

@@ -195,3 +195,32 @@ def test_rm_on_a_live_store_is_a_miss_and_shutdown_cleans_up(
         [*cli, "verify", str(store), "--json"], capture_output=True, check=False
     )
     assert verified.returncode == 0, verified.stderr
+
+
+def test_tensor_parallel_2_rows_hold_both_ranks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """TP=2 on the CPU platform (two worker processes, one core each): each rank writes its
+    slice of a chunk into the shared row; the prefix comes back from kvstore for both ranks."""
+    result = run_engine_process(
+        {
+            "model_dir": str(tiny_model_dir),
+            "prompts": [PROMPT],
+            "multiprocess": True,
+            "repeat_after_reset": True,
+            "llm_kwargs": {"tensor_parallel_size": 2},
+            "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+            "extra": {
+                "cpu_bytes": 64 * CHUNK_BYTES,
+                "disk_path": str(tmp_path / "store"),
+                "disk_bytes": 64 * CHUNK_BYTES,
+            },
+        },
+        timeout_s=500,
+    )
+    assert result["returncode"] == 0, result["stderr_tail"]
+    assert result["repeat_outputs"] == result["outputs"]
+    assert result["repeat_num_cached_tokens"] == [HIT_TOKENS], result["stderr_tail"]
+    with LMDBStore.open(tmp_path / "store", readonly=True, create=False) as store:
+        ((namespace, descriptor),) = store.namespaces().items()
+        sizes = {m.size_bytes for m in store.iter_meta(namespace)}
+    assert descriptor["tp_size"] == 2
+    assert sizes == {CHUNK_BYTES}  # two 8 KiB rank slices per 16 KiB row
