@@ -3,6 +3,7 @@
 Synchronous code only; this package imports neither `kvstore`, `asyncio` nor `vllm`.
 
     PagedKVView   gathers/scatters whole engine blocks into/out of a flat chunk buffer
+    ChunkCopy     one chunk buffer of a batched gather_many / scatter_many
     ChunkLayout   describes that buffer (per-layer dtype, shape, offset); decodes it
     CPURegion     the shared-memory file of chunk rows (scheduler creates, workers attach)
     LMDBStore     the persistent, checksummed disk tier
@@ -24,7 +25,7 @@ from tiers.errors import (
 from tiers.layout import ChunkLayout, LayerLayout
 from tiers.lmdb import FORMAT_VERSION, LMDBStore
 from tiers.memory import MemoryStore
-from tiers.paged import PagedKVView, find_block_dim
+from tiers.paged import ChunkCopy, PagedKVView, find_block_dim
 from tiers.store import BlockStore, EntryMeta, NamespaceStats, StoreStats, checksum
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "MemoryStore",
     "NamespaceError",
     "NamespaceStats",
+    "ChunkCopy",
     "PagedKVView",
     "RegionError",
     "RegionHeader",

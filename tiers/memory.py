@@ -119,6 +119,17 @@ class MemoryStore:
             )
         return size
 
+    def get_many_into(
+        self, namespace: str, items: Sequence[tuple[bytes, WritableBuffer]]
+    ) -> list[int | CorruptionError | None]:
+        results: list[int | CorruptionError | None] = []
+        for key, out in items:
+            try:
+                results.append(self.get_into(namespace, key, out))
+            except CorruptionError as exc:
+                results.append(exc)
+        return results
+
     def touch_many(
         self, namespace: str, keys: Sequence[bytes], *, now_s: float | None = None
     ) -> None:

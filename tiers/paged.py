@@ -41,7 +41,7 @@ import torch
 from tiers.errors import TierConfigError
 from tiers.layout import ChunkLayout, LayerLayout, dtype_name
 
-__all__ = ["PagedKVView", "find_block_dim"]
+__all__ = ["ChunkCopy", "PagedKVView", "find_block_dim"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,16 @@ class _Group:
         shape = list(self.tensor.shape)
         shape[self.block_dim] = num_blocks
         return section.view(shape)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCopy:
+    """One chunk buffer of a batched transfer: blocks `block_ids` <-> positions `first_block...`
+    of `buffer` (a 1-D uint8 tensor holding the whole chunk)."""
+
+    block_ids: Sequence[int]
+    buffer: torch.Tensor
+    first_block: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +205,47 @@ class PagedKVView:
         else:
             _scatter_cpu(self._groups, ids, src, num_chunk_blocks, first_block)
         return self.buffer_bytes(len(ids))
+
+    def gather_many(self, items: Sequence[ChunkCopy], *, stream: Any = None) -> int:
+        """`gather` for several chunk buffers at once; returns the bytes copied.
+
+        On the CPU every copy of every item goes to torch in ONE call (`_foreach_copy_`): a copy
+        loop in a background thread gives up the GIL after each copy and waits up to the switch
+        interval to get it back while vLLM's step loop runs, which made a 63-chunk job take a
+        second instead of milliseconds.
+        """
+        if self.device.type == "cuda":
+            return sum(self.gather(i.block_ids, i.buffer, first_block=i.first_block,
+                                   stream=stream) for i in items)  # fmt: skip
+        return self._copy_many(items, to_buffer=True)
+
+    def scatter_many(self, items: Sequence[ChunkCopy], *, stream: Any = None) -> int:
+        """`scatter` for several chunk buffers at once (see `gather_many`); in item order."""
+        if self.device.type == "cuda":
+            return sum(self.scatter(i.block_ids, i.buffer, first_block=i.first_block,
+                                    stream=stream) for i in items)  # fmt: skip
+        return self._copy_many(items, to_buffer=False)
+
+    def _copy_many(self, items: Sequence[ChunkCopy], *, to_buffer: bool) -> int:
+        dsts: list[torch.Tensor] = []
+        srcs: list[torch.Tensor] = []
+        num_bytes = 0
+        for item in items:
+            ids = self._check_ids(item.block_ids)
+            what = "out" if to_buffer else "src"
+            num_chunk_blocks = self._check_buffer(item.buffer, len(ids), item.first_block, what)
+            for group in self._groups:
+                chunk = group.buffer_view(item.buffer, num_chunk_blocks)
+                for position, start, length in _runs(ids):
+                    engine_part = group.tensor.narrow(group.block_dim, start, length)
+                    at = item.first_block + position
+                    buffer_part = chunk.narrow(group.block_dim, at, length)
+                    dsts.append(buffer_part if to_buffer else engine_part)
+                    srcs.append(engine_part if to_buffer else buffer_part)
+            num_bytes += self.buffer_bytes(len(ids))
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
+        return num_bytes
 
     def _check_ids(self, block_ids: Sequence[int]) -> list[int]:
         ids = [int(b) for b in block_ids]

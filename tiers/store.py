@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from tiers.errors import TierConfigError
+from tiers.errors import CorruptionError, TierConfigError
 
 __all__ = [
     "BlockStore",
@@ -115,6 +115,13 @@ class BlockStore(Protocol):
     ) -> int: ...
 
     def get_into(self, namespace: str, key: bytes, out: WritableBuffer) -> int | None: ...
+
+    def get_many_into(
+        self, namespace: str, items: Sequence[tuple[bytes, WritableBuffer]]
+    ) -> list[int | CorruptionError | None]:
+        """`get_into` for many keys in one read transaction; per key the size, None if absent,
+        or the CorruptionError (returned, not raised, so one bad chunk spares the others)."""
+        ...
 
     def touch_many(
         self, namespace: str, keys: Sequence[bytes], *, now_s: float | None = None

@@ -32,7 +32,9 @@ class DiskStore(Protocol):
         now_s: float | None = None,
     ) -> int: ...
 
-    def get_into(self, ns: str, key: bytes, out: memoryview) -> int | None: ...
+    def get_many_into(
+        self, ns: str, items: Sequence[tuple[bytes, memoryview]]
+    ) -> list[int | CorruptionError | None]: ...
 
     def delete_many(self, ns: str, keys: Sequence[bytes]) -> int: ...
 
@@ -97,34 +99,33 @@ class DiskIO:
         return WriteDone(ok=keys), self._report("cpu_to_disk", num_bytes, start_s, True)
 
     def read(self, items: Sequence[tuple[BlockKey, int]]) -> tuple[PromotionDone, IOReport]:
-        """Read each key into its CPU row, verifying checksums."""
+        """Read each key into its CPU row in one read transaction, verifying checksums."""
         start_s = time.perf_counter()
         ok: list[BlockKey] = []
         corrupt: list[BlockKey] = []
         missing: list[BlockKey] = []
-        failed: list[BlockKey] = []
         num_bytes = 0
-        num_io_errors = 0
-        for key, row in items:
-            try:
-                size = self._store.get_into(self._ns, key, self._rows.row(row))
-            except CorruptionError as exc:
-                logger.warning("kvstore chunk %s is corrupt on disk: %s", short_hex(key), exc)
+        try:
+            results = self._store.get_many_into(
+                self._ns, [(key, self._rows.row(row)) for key, row in items]
+            )
+        except Exception as exc:  # lmdb.Error, OSError: the whole batch is a miss
+            logger.error("kvstore disk read of %d chunks failed: %s", len(items), exc)
+            done = PromotionDone(ok=(), failed=tuple(key for key, _ in items))
+            return done, self._report("disk_to_cpu", 0, start_s, False, num_io_errors=1)
+        for (key, _), result in zip(items, results, strict=True):
+            if isinstance(result, CorruptionError):
+                logger.warning("kvstore chunk %s is corrupt on disk: %s", short_hex(key), result)
                 corrupt.append(key)
-                continue
-            except (TierError, OSError, Exception) as exc:
-                logger.error("kvstore disk read of %s failed: %s", short_hex(key), exc)
-                failed.append(key)
-                num_io_errors += 1
-                continue
-            if size is None:
+            elif result is None:
                 missing.append(key)  # deleted under us (`kvstore rm` on a live store): a miss
             else:
                 ok.append(key)
-                num_bytes += size
-        done = PromotionDone(tuple(ok), tuple(failed), tuple(corrupt), tuple(missing))
-        is_ok = not (failed or corrupt or missing)
-        report = self._report("disk_to_cpu", num_bytes, start_s, is_ok, len(corrupt), num_io_errors)
+                num_bytes += result
+        done = PromotionDone(tuple(ok), (), tuple(corrupt), tuple(missing))
+        report = self._report(
+            "disk_to_cpu", num_bytes, start_s, not (corrupt or missing), len(corrupt)
+        )
         return done, report
 
     def delete(self, keys: Sequence[BlockKey]) -> int:

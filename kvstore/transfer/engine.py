@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
-from kvstore.transfer.jobs import ChunkSegment, JobKind, JobResult, TransferJob
+from kvstore.transfer.jobs import JobKind, JobResult, TransferJob
+from tiers.paged import ChunkCopy
 
 __all__ = ["ChunkCopier", "RowSource", "TransferEngine"]
 
@@ -33,25 +34,12 @@ class RowSource(Protocol):
 
 
 class ChunkCopier(Protocol):
-    """The paged KV view: gathers/scatters engine blocks into/out of a chunk buffer."""
+    """The paged KV view: batched gathers/scatters of engine blocks into/out of chunk buffers
+    (one call per job: see `tiers.paged.PagedKVView.gather_many`)."""
 
-    def gather(
-        self,
-        block_ids: Sequence[int],
-        out: torch.Tensor,
-        *,
-        first_block: int = 0,
-        stream: Any = None,
-    ) -> int: ...
+    def gather_many(self, items: Sequence[ChunkCopy], *, stream: Any = None) -> int: ...
 
-    def scatter(
-        self,
-        block_ids: Sequence[int],
-        src: torch.Tensor,
-        *,
-        first_block: int = 0,
-        stream: Any = None,
-    ) -> int: ...
+    def scatter_many(self, items: Sequence[ChunkCopy], *, stream: Any = None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,16 +124,20 @@ class TransferEngine:
     def _run(self, job: TransferJob, ready_event: Any) -> JobResult:
         start_s = time.perf_counter()
         num_bytes = 0
-        failed: list[int] = []
+        failed = [b for seg in job.segments if seg.row < 0 for b in seg.block_ids]
         error: str | None = None
         try:
             if ready_event is not None:
                 self._stream.wait_event(ready_event)
-            for segment in job.segments:
-                if segment.row < 0:
-                    failed.extend(segment.block_ids)
-                    continue
-                num_bytes += self._copy_segment(job.kind, segment)
+            items = [
+                ChunkCopy(seg.block_ids, self._row_slice(seg.row), seg.first_block)
+                for seg in job.segments
+                if seg.row >= 0
+            ]
+            if items and job.kind is JobKind.STORE:
+                num_bytes = self._copier.gather_many(items, stream=self._stream)
+            elif items:
+                num_bytes = self._copier.scatter_many(items, stream=self._stream)
             if self._is_cuda:
                 done = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 done.record(self._stream)
@@ -164,10 +156,3 @@ class TransferEngine:
             failed_block_ids=tuple(failed),
             error=error,
         )
-
-    def _copy_segment(self, kind: JobKind, segment: ChunkSegment) -> int:
-        buffer = self._row_slice(segment.row)
-        first, stream = segment.first_block, self._stream
-        if kind is JobKind.STORE:
-            return self._copier.gather(segment.block_ids, buffer, first_block=first, stream=stream)
-        return self._copier.scatter(segment.block_ids, buffer, first_block=first, stream=stream)

@@ -21,7 +21,7 @@ from tiers_testlib import (
 from tiers.cpu import CPURegion
 from tiers.errors import TierConfigError
 from tiers.layout import ChunkLayout
-from tiers.paged import PagedKVView, find_block_dim
+from tiers.paged import ChunkCopy, PagedKVView, find_block_dim
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
 NUM_BLOCKS = 11
@@ -221,3 +221,33 @@ def test_gather_into_region_and_scatter_in_another_process(tmp_path: Path) -> No
         expected = reference_gather(caches, num_blocks, ids)
         assert torch.equal(region.row_tensor(1), expected)
         assert torch.equal(region.row_tensor(0), expected)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_batched_gather_and_scatter_match_one_by_one(layout: str) -> None:
+    """gather_many/scatter_many (one torch call for a whole job) == gather/scatter per chunk."""
+    caches = make_caches(layout, NUM_LAYERS, NUM_BLOCKS, torch.bfloat16, seed=6)
+    view = PagedKVView(caches, NUM_BLOCKS)
+    chunks = [([3, 4], 0), ([9, 0], 0), ([7], 1)]  # the last fills positions 1.. of its chunk
+    size = view.buffer_bytes(2)
+    batched = [torch.zeros(size, dtype=torch.uint8) for _ in chunks]
+    single = [torch.zeros(size, dtype=torch.uint8) for _ in chunks]
+    items = [ChunkCopy(ids, buf, first) for (ids, first), buf in zip(chunks, batched, strict=True)]
+    assert view.gather_many(items) == sum(view.buffer_bytes(len(ids)) for ids, _ in chunks)
+    for (ids, first), buf in zip(chunks, single, strict=True):
+        view.gather(ids, buf, first_block=first)
+    for got, want in zip(batched, single, strict=True):
+        _assert_same_bytes(got, want)
+    restored = zeros_like_caches(layout, NUM_LAYERS, NUM_BLOCKS, torch.bfloat16)
+    back = PagedKVView(restored, NUM_BLOCKS)
+    back.scatter_many(items)
+    for name in caches:
+        for block in (3, 4, 9, 0, 7):
+            _assert_same_bytes(
+                restored[name].select(view_block_dim(caches[name]), block),
+                caches[name].select(view_block_dim(caches[name]), block),
+            )
+
+
+def view_block_dim(tensor: torch.Tensor) -> int:
+    return find_block_dim(tuple(tensor.shape), NUM_BLOCKS)

@@ -154,6 +154,20 @@ def test_corruption_is_detected_never_returned(harness: StoreHarness) -> None:
     assert store.delete_many("ns", [b"bad"]) == 1  # the caller's recovery: delete it
 
 
+def test_get_many_into_reports_per_key(harness: StoreHarness) -> None:
+    store = _ready(harness)
+    store.put_many("ns", [(b"good", b"g" * 64), (b"bad", b"b" * 64), (b"more", b"m" * 32)])
+    harness.corrupt("ns", b"bad")
+    store = harness.store
+    outs = [bytearray(64) for _ in range(4)]
+    keys = [b"good", b"bad", b"gone", b"more"]
+    results = store.get_many_into("ns", list(zip(keys, outs, strict=True)))
+    assert results[0] == 64 and bytes(outs[0]) == b"g" * 64
+    assert isinstance(results[1], CorruptionError) and results[1].key == b"bad"
+    assert results[2] is None
+    assert results[3] == 32 and bytes(outs[3][:32]) == b"m" * 32
+
+
 def test_full_store_refuses_puts_and_writes_nothing(harness: StoreHarness) -> None:
     store = _ready(harness)
     store.put_many("ns", [(b"a", b"x" * (CAPACITY_BYTES - 100))])
