@@ -62,14 +62,6 @@ def _measure(model: Path, tokens: int, repeats: int, workdir: Path) -> dict[str,
         "kvstore_disk": [],
         "engine_cache": [],
     }
-    with engine(model, **common) as llm:
-        _ttft_s(llm, _prompt(99, tokens))  # warm up
-        for r in range(repeats):
-            prompt = _prompt(r, tokens)
-            _ttft_s(llm, prompt)
-            times["engine_cache"].append(_ttft_s(llm, prompt))
-            llm.reset_prefix_cache()
-            times["recompute"].append(_ttft_s(llm, prompt))
     prompt_bytes = tokens * KV_BYTES_PER_TOKEN
     config = kv_transfer_config(
         cpu_bytes=2 * prompt_bytes + (4 << 20),  # two prompts: two more push one to disk
@@ -92,6 +84,14 @@ def _measure(model: Path, tokens: int, repeats: int, workdir: Path) -> dict[str,
             times["kvstore_disk"].append(_ttft_s(llm, prompt))
             drain(llm)
         summary = kvstore_summary(llm)
+    with engine(model, **common) as llm:
+        _ttft_s(llm, _prompt(99, tokens))  # warm up
+        for r in range(repeats):
+            prompt = _prompt(r, tokens)
+            _ttft_s(llm, prompt)
+            times["engine_cache"].append(_ttft_s(llm, prompt))
+            llm.reset_prefix_cache()
+            times["recompute"].append(_ttft_s(llm, prompt))
     tiers = summary["tiers"]
     print(
         f"kvstore hits: cpu {tiers['cpu']['hit_tokens']:.0f} tokens, "
@@ -109,6 +109,8 @@ def main() -> None:
         workdir = Path(tmp)
         model = build_tiny_llama(workdir / "model", SPEC)
         times = _measure(model, args.tokens, args.repeats, workdir)
+    for name, values in times.items():
+        print(name, " ".join(f"{v:.3f}" for v in values))
     base = statistics.median(times["recompute"])
     print(f"\nprompt {args.tokens} tokens, KV {args.tokens * KV_BYTES_PER_TOKEN / 2**20:.0f} MiB")
     print(f"{'path':<14}{'TTFT median s':>15}{'vs recompute':>15}")
