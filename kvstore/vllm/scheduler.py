@@ -411,9 +411,10 @@ class ConnectorScheduler:
         self._pump_events()
 
     def has_pending_work(self) -> bool:
-        return (
-            bool(self._jobs) or bool(self._promotion_owner) or self._service.num_queued_chunks > 0
-        )
+        """Worker jobs in flight, whose results only arrive through engine steps. Disk writes
+        and promotions need no steps (the next entry applies them; a request waiting on a
+        promotion keeps the engine stepping anyway), so they do not make vLLM spin."""
+        return bool(self._jobs)
 
     @property
     def num_tracked_requests(self) -> int:
