@@ -76,6 +76,11 @@ class ConnectorScheduler:
         hashes = request.block_hashes
         return [BlockKey(bytes(hashes[i])) for i in range(step - 1, len(hashes), step)]
 
+    def track(self, request: Request) -> None:
+        """Start tracking a request vLLM just added (its chunks are stored even when vLLM
+        never asks kvstore for a hit, e.g. `skip_reading_prefix_cache`)."""
+        self._state(request)
+
     def _state(self, request: Request) -> RequestState:
         state = self._reqs.get(request.request_id)
         if state is None:
