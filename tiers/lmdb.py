@@ -12,7 +12,8 @@
 
 Keys of one namespace are contiguous, so scans are range scans. Namespace records are read in
 the same transaction as the data they govern, so a namespace deleted and re-registered by another
-process is never confused with the old one. Descriptors are msgpack, never pickle.
+process is never confused with the old one. Descriptors are msgpack
+(no format that runs code on load).
 
 **Durability.** Defaults `writemap=True, sync=True, metasync=False, map_async=False,
 readahead=True`, chosen from `benchmarks/bench_tiers.py` (results in `benchmarks/README.md`):

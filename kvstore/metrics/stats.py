@@ -99,7 +99,7 @@ class TransferStats:
     """Per-direction transfer statistics; directions without transfers are absent.
 
     A value: `merge` returns a new one. `to_dict`/`from_dict` round-trip through JSON, msgpack or
-    pickle (plain ints, floats, strings and lists).
+    any serializer vLLM uses (plain ints, floats, strings and lists).
     """
 
     by_direction: Mapping[Direction, DirectionStats] = field(default_factory=dict)
