@@ -8,8 +8,10 @@ sinks, sync and close LMDB, remove the shared region.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
+import lmdb
 from prometheus_client import CollectorRegistry
 
 from kvstore.cli.serve import store_snapshot
@@ -19,13 +21,13 @@ from kvstore.eventbus import EventBus, JSONLSink, ZMQPublisherSink
 from kvstore.eventbus.sink import EventSink
 from kvstore.index import IndexConfig, SeedEntry, TierIndex
 from kvstore.keys import BlockKey, Tier
-from kvstore.metrics import KVStoreMetrics, MetricsServer, Occupancy, start_metrics_server
+from kvstore.metrics import IOOp, KVStoreMetrics, MetricsServer, Occupancy, start_metrics_server
 from kvstore.namespace import NamespaceDescriptor, namespace_id
 from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO
 from kvstore.vllm.geometry import EngineGeometry
 from tiers.cpu import CPURegion, reclaim_stale_regions
-from tiers.errors import NamespaceError, TierError
+from tiers.errors import NamespaceError, TierConfigError, TierError
 from tiers.lmdb import LMDBStore
 
 __all__ = ["SchedulerRuntime"]
@@ -74,7 +76,8 @@ class SchedulerRuntime:
         )
         seeds: list[SeedEntry] = []
         if config.disk_path is not None:
-            self.store = LMDBStore.open(config.disk_path, capacity_bytes=config.disk_bytes)
+            self.store = self._open_store(config.disk_path, config.disk_bytes)
+        if self.store is not None:
             seeds = self._seed_entries()
         self.index = TierIndex(
             IndexConfig(
@@ -107,6 +110,24 @@ class SchedulerRuntime:
         )
         self.service.start()
         self._start_metrics(num_rows)
+
+    def _open_store(self, path: Path, capacity_bytes: int) -> LMDBStore | None:
+        """The disk tier's store; None (CPU tier only, loudly) when the file is damaged: a bad
+        file must not stop the engine. A bad path or an incompatible store is a config error."""
+        try:
+            return LMDBStore.open(path, capacity_bytes=capacity_bytes)
+        except TierConfigError as exc:
+            if not isinstance(exc.__cause__, lmdb.Error):
+                raise ConfigError(f"disk_path: {exc}") from exc
+            logger.error(
+                "kvstore: the disk store at %s cannot be read (%s); running with the CPU tier "
+                "only. Inspect it with `kvstore verify %s`, or move it aside to start afresh.",
+                path, exc.__cause__, path,
+            )  # fmt: skip
+            self.metrics.record_io_error(IOOp.OPEN)
+            return None
+        except NamespaceError as exc:
+            raise ConfigError(f"disk_path: {exc}") from exc
 
     def _seed_entries(self) -> list[SeedEntry]:
         store = self.store

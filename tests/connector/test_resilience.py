@@ -224,3 +224,41 @@ def test_tensor_parallel_2_rows_hold_both_ranks(tiny_model_dir: Path, tmp_path: 
         sizes = {m.size_bytes for m in store.iter_meta(namespace)}
     assert descriptor["tp_size"] == 2
     assert sizes == {CHUNK_BYTES}  # two 8 KiB rank slices per 16 KiB row
+
+
+def test_damaged_store_file_degrades_to_the_cpu_tier(tiny_model_dir: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "data.mdb").write_bytes(b"\xff" * 16384)  # not an LMDB file any more
+    config = kv_transfer_config(
+        cpu_bytes=64 * CHUNK_BYTES, disk_path=str(store), disk_bytes=64 * CHUNK_BYTES
+    )
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        first = generate_greedy(llm, [PROMPT])
+        drain(llm)
+        assert llm.reset_prefix_cache()
+        again = generate_greedy(llm, [PROMPT])
+        summary = kvstore_summary(llm)
+        registry = scheduler_connector(llm).runtime.registry
+        open_errors = registry.get_sample_value("kvstore_io_errors_total", {"op": "open"})
+    assert again == first
+    assert summary["tiers"]["cpu"]["hit_tokens"] == HIT_TOKENS
+    assert summary["tiers"]["disk"]["stored_chunks"] == 0
+    assert open_errors == 1
+    assert (store / "data.mdb").read_bytes() == b"\xff" * 16384  # left as it was, for inspection
+
+
+def test_disk_path_that_is_a_file_fails_at_start_naming_the_key(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    config = kv_transfer_config(
+        cpu_bytes=64 * CHUNK_BYTES, disk_path=str(not_a_dir), disk_bytes=1 << 20
+    )
+    with (
+        pytest.raises(Exception, match="disk_path") as caught,
+        engine(tiny_model_dir, kv_transfer=config),
+    ):
+        pass
+    assert "not a directory" in str(caught.value) or "directory" in str(caught.value)
