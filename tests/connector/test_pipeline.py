@@ -109,3 +109,20 @@ def test_partial_first_chunk_loads_only_missing_blocks(
     assert summary["tiers"]["cpu"]["hit_chunks"] == 3
     assert summary["tiers"]["cpu"]["hit_tokens"] == 160  # what the engine did not have
     assert summary["bytes"]["cpu_to_engine"] == 5 * CHUNK_BYTES  # 5 of the 6 blocks moved
+
+
+def test_unstable_hash_seed_warns_and_is_exported(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """xxhash without PYTHONHASHSEED seeds vLLM's hash chain randomly per process: keys would
+    change on restart, so kvstore says how to fix it and exports kvstore_keys_stable 0."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES)
+    with (
+        caplog.at_level("WARNING", logger="kvstore"),
+        engine(tiny_model_dir, kv_transfer=config, prefix_caching_hash_algo="xxhash") as llm,
+    ):
+        registry = scheduler_connector(llm).runtime.registry
+        stable = registry.get_sample_value("kvstore_keys_stable")
+    assert stable == 0
+    assert any("PYTHONHASHSEED" in r.getMessage() for r in caplog.records)
