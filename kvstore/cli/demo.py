@@ -32,6 +32,7 @@ def demo(
 ) -> None:
     """Run the real vLLM engine with KVStoreConnector on a multi-turn chat workload."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for the report
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
     from kvstore.vllm.demo import DemoOptions, run_demo

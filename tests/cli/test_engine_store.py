@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,10 +19,12 @@ def test_cli_reads_the_store_the_demo_leaves(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     demo = subprocess.run(
         [sys.executable, "-c", "from kvstore.cli import main; main()", "demo", "--dir",
-         str(tmp_path), "--no-baseline", "--turns", "2", "--conversations", "2"],
+         str(tmp_path), "--no-baseline", "--turns", "2", "--conversations", "2", "--json"],
         capture_output=True, text=True, timeout=600, env=env, check=False,
     )  # fmt: skip
     assert demo.returncode == 0, demo.stderr[-4000:]
+    report = json.loads(demo.stdout)  # one JSON document: vLLM's logs went to stderr
+    assert report["num_requests"] == 4
     store = tmp_path / "store"
 
     stat = run_json("stat", store)
