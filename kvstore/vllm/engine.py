@@ -66,7 +66,15 @@ def engine(
     if kv_transfer is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(**json.loads(json.dumps(kv_transfer)))
     kwargs.update(llm_kwargs)
-    llm = LLM(**kwargs)
+    try:
+        llm = LLM(**kwargs)
+    except BaseException:
+        # A failed start leaves vLLM's process-global worker connector behind (the engine never
+        # got to shut it down), and the next engine in this process would reuse it.
+        from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+        ensure_kv_transfer_shutdown()
+        raise
     try:
         yield llm
     finally:
