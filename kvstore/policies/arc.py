@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Iterator
-from itertools import islice
 
 from kvstore.keys import BlockKey
-from kvstore.policies.base import check_num_victims
+from kvstore.policies.base import choose_victims
 
 __all__ = ["ARCPolicy"]
 
@@ -128,12 +127,9 @@ class ARCPolicy:
             yield key
 
     def evict(self, n: int, protected: Container[BlockKey]) -> list[BlockKey] | None:
-        check_num_victims(n)
-        if n == 0:
-            return []
-        chosen = list(islice(self.victims(protected), n))
-        if len(chosen) < n:
-            return None
+        chosen = choose_victims(self, n, protected)
+        if not chosen:
+            return chosen
         for key in chosen:
             if key in self._t1:
                 del self._t1[key]

@@ -10,11 +10,12 @@ scans the whole population unless nearly everything is protected.
 from __future__ import annotations
 
 from collections.abc import Container, Iterator
+from itertools import islice
 from typing import Protocol, runtime_checkable
 
 from kvstore.keys import BlockKey
 
-__all__ = ["EvictionPolicy", "check_num_victims"]
+__all__ = ["EvictionPolicy", "choose_victims"]
 
 
 @runtime_checkable
@@ -62,7 +63,12 @@ class EvictionPolicy(Protocol):
         ...
 
 
-def check_num_victims(n: int) -> None:
-    """Reject a negative eviction count with a message naming it."""
+def choose_victims(
+    policy: EvictionPolicy, n: int, protected: Container[BlockKey]
+) -> list[BlockKey] | None:
+    """The first `n` of `policy.victims(protected)`, or None when there are fewer: the shared
+    half of every policy's atomic `evict` (each then drops the chosen keys its own way)."""
     if n < 0:
         raise ValueError(f"number of keys to evict must be >= 0, got {n}")
+    chosen = list(islice(policy.victims(protected), n))
+    return chosen if len(chosen) == n else None
