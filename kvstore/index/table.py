@@ -8,7 +8,7 @@ room eviction could make without scanning.
 
 from __future__ import annotations
 
-from collections.abc import Container, Set
+from collections.abc import Container, Iterable, Set
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
@@ -135,6 +135,21 @@ class TierTable:
         entry.state = REMOVING
         self.num_removing += 1
         self.policy.remove(entry.key)
+
+    def take_out_of_service(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
+        """Ready entries stop being served: an unpinned one is freed now, a pinned one at its
+        last unpin. Other states are left to their `complete_*`. Returns the keys taken out."""
+        gone: list[BlockKey] = []
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None or entry.state is not READY:
+                continue
+            if entry.num_pins:
+                self.mark_removing(entry)
+            else:
+                self.drop(entry)
+            gone.append(key)
+        return gone
 
     def drop(self, entry: Entry) -> None:
         """Forget an entry in any state and free its space (no event: the caller emits)."""

@@ -188,17 +188,9 @@ class TierIndex(PromotionOps, WriteThroughOps):
         table = self._cpu if tier is Tier.CPU else self._disk
         if table is None:
             return ()
-        gone: list[BlockKey] = []
-        for key in keys:
-            entry = table.entries.get(key)
-            if entry is None or entry.state is not READY:
-                continue
-            if entry.num_pins:
-                table.mark_removing(entry)
-            else:
-                table.drop(entry)
+        gone = table.take_out_of_service(keys)
+        for key in gone:
             self._candidates.pop(key, None)
-            gone.append(key)
         self._emit_removed(tier, gone, reason)
         return tuple(gone)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
-from kvstore.index.table import READY, REMOVING, STORING, DiskTable
+from kvstore.index.table import REMOVING, STORING, DiskTable
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import Occupancy
 from kvstore.policies import make_policy
@@ -212,18 +212,7 @@ class DiskChunks:
         return [entry.key for entry in victims or ()]
 
     def _discard(self, keys: Sequence[BlockKey], reason: str) -> None:
-        table = self._table
-        gone: list[BlockKey] = []
-        for key in keys:
-            entry = table.entries.get(key)
-            if entry is None or entry.state is not READY:
-                continue
-            if entry.num_pins:
-                table.mark_removing(entry)
-            else:
-                table.drop(entry)
-            gone.append(key)
-        self._emit_removed(gone, reason)
+        self._emit_removed(self._table.take_out_of_service(keys), reason)
 
     def _emit_stored(self, keys: Sequence[BlockKey]) -> None:
         if keys:
