@@ -70,11 +70,15 @@ class ConnectorScheduler:
 
     # -- keys -------------------------------------------------------------------------------
 
-    def chunk_keys(self, request: Request) -> list[BlockKey]:
-        """Keys of the request's full chunks: the prefix hash of each chunk's last block."""
+    def chunk_keys(
+        self, request: Request, start: int = 0, stop: int | None = None
+    ) -> list[BlockKey]:
+        """Keys of the request's full chunks `start..stop-1`: the prefix hash of each chunk's
+        last block (only that range is built: this runs on the step path)."""
         step = self._geo.hashes_per_chunk
         hashes = request.block_hashes
-        return [BlockKey(bytes(hashes[i])) for i in range(step - 1, len(hashes), step)]
+        end = len(hashes) // step if stop is None else min(stop, len(hashes) // step)
+        return [BlockKey(bytes(hashes[(i + 1) * step - 1])) for i in range(start, end)]
 
     def track(self, request: Request) -> None:
         """Start tracking a request vLLM just added (its chunks are stored even when vLLM
@@ -103,11 +107,10 @@ class ConnectorScheduler:
         chunk_tokens = self._geo.num_tokens_per_chunk
         # The last prompt token is always computed by the engine (it yields the first logits).
         max_chunks = (request.num_tokens - 1) // chunk_tokens
-        keys = self.chunk_keys(request)[:max_chunks]
         start = num_computed_tokens // chunk_tokens
-        if start >= len(keys):
+        wanted = self.chunk_keys(request, start, max_chunks)
+        if not wanted:
             return 0, False
-        wanted = keys[start:]
         result = self._index.lookup(wanted)
         num_hits = result.num_hits
         if any(key in self._promotion_owner for key in result.keys):
@@ -170,7 +173,7 @@ class ConnectorScheduler:
         num_computed = state.num_computed_at_lookup
         first_chunk = num_computed // geo.num_tokens_per_chunk
         end_chunk = (num_computed + num_external_tokens) // geo.num_tokens_per_chunk
-        keys = self.chunk_keys(request)[first_chunk:end_chunk]
+        keys = self.chunk_keys(request, first_chunk, end_chunk)
         plan = self._index.prepare_load(keys)
         self._release_holds(state)
         self._service.submit_touch(plan.keys)  # last access and hit count on disk, batched
@@ -250,20 +253,22 @@ class ConnectorScheduler:
         geo = self._geo
         request = state.request
         num_tokens = request.num_computed_tokens + num_scheduled_tokens
-        keys = self.chunk_keys(request)
-        num_chunks = min(num_tokens // geo.num_tokens_per_chunk, len(keys))
-        num_chunks = min(num_chunks, len(state.block_ids) // geo.blocks_per_chunk)
+        num_chunks = min(
+            num_tokens // geo.num_tokens_per_chunk,
+            len(request.block_hashes) // geo.hashes_per_chunk,
+            len(state.block_ids) // geo.blocks_per_chunk,
+        )
         start = state.num_stored_chunks
         if num_chunks <= start:
-            return None
+            return None  # the common decode step: no chunk completed, nothing built
         state.num_stored_chunks = num_chunks
-        new_keys = keys[start:num_chunks]
+        keys = self.chunk_keys(request, max(0, start - 1), num_chunks)
+        parent = keys[0] if start > 0 else None
+        new_keys = keys[1:] if start > 0 else keys
         token_ids = request.all_token_ids[
             start * geo.num_tokens_per_chunk : num_chunks * geo.num_tokens_per_chunk
         ]
-        parent = keys[start - 1] if start > 0 else None
         plan = self._index.prepare_store(new_keys, token_ids=list(token_ids), parent_key=parent)
-        self._index.touch(keys[:num_chunks])
         if plan is None or not plan.keys:
             return None
         chunk_of = {key: start + i for i, key in enumerate(new_keys)}
