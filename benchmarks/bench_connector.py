@@ -41,7 +41,7 @@ SPEC = TinyLlamaSpec(
     max_position_embeddings=8192,
 )
 BLOCK_TOKENS = 32
-KV_BYTES_PER_TOKEN = SPEC.num_hidden_layers * 2 * SPEC.num_key_value_heads * SPEC.head_dim * 2
+KV_BYTES_PER_TOKEN = SPEC.kv_bytes_per_token
 
 
 def _prompt(seed: int, n: int) -> list[int]:

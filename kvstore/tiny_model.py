@@ -28,6 +28,12 @@ class TinyLlamaSpec:
     dtype: str = "bfloat16"
     seed: int = 0
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token takes: every layer's K and V."""
+        itemsize = {"float32": 4}.get(self.dtype, 2)
+        return self.num_hidden_layers * 2 * self.num_key_value_heads * self.head_dim * itemsize
+
 
 def build_tiny_llama(directory: Path, spec: TinyLlamaSpec | None = None) -> Path:
     """Write a random-weight Llama to `directory` (once) and return the directory.

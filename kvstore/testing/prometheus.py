@@ -17,7 +17,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -30,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kvstore.testing.net import free_port
 
 __all__ = [
     "DEFAULT_DASHBOARD",
@@ -101,12 +102,6 @@ def ensure_prometheus(*, install: bool = True) -> Path:
                 f"`apt-get install prometheus` failed ({done.returncode}): {done.stderr[-500:]}"
             )
         return Path(found)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +204,7 @@ def run_prometheus(
     exit.
     """
     exe = binary or ensure_prometheus()
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvstore-prometheus-") as tmp:
         workdir = Path(tmp)
         config = workdir / "prometheus.yml"

@@ -142,6 +142,4 @@ def _prefill_tokens(outputs: list[Any]) -> int:
 
 def _chunk_bytes() -> int:
     """Bytes of one engine block of the tiny model: every layer's K and V, bf16."""
-    spec = TinyLlamaSpec()
-    per_token = spec.num_hidden_layers * 2 * spec.num_key_value_heads * spec.head_dim * 2
-    return per_token * _ENGINE_BLOCK_TOKENS
+    return TinyLlamaSpec().kv_bytes_per_token * _ENGINE_BLOCK_TOKENS

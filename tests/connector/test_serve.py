@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ from typing import Any
 
 import pytest
 
+from kvstore.testing.net import free_port
+
 pytestmark = pytest.mark.engine
 
 CHUNK_BYTES = 16 << 10
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get(url: str) -> str:
@@ -63,7 +57,7 @@ def _sample(text: str, name: str, **labels: str) -> float:
 def test_vllm_serve_loads_evicted_prefixes_from_kvstore(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     transfer = {
         "kv_connector": "KVStoreConnector",
         "kv_connector_module_path": "kvstore.vllm",

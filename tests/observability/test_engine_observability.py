@@ -3,7 +3,6 @@ dashboard query returns data from a real Prometheus scraping the engine's metric
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
@@ -15,19 +14,13 @@ import pytest
 import zmq
 
 from kvstore.testing.connector import drain, kvstore_summary
+from kvstore.testing.net import free_port
 from kvstore.testing.prometheus import evaluate_dashboard, run_prometheus
 from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config, scheduler_connector
 
 pytestmark = pytest.mark.engine
 
 CHUNK_BYTES = 16 << 10
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _prompt(i: int, length: int = 200) -> list[int]:
@@ -75,7 +68,7 @@ class Subscriber:
 
 
 def test_zmq_stream_matches_the_index(tiny_model_dir: Path, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     subscriber = Subscriber(f"tcp://127.0.0.1:{port}")
     config = kv_transfer_config(
         cpu_bytes=8 * CHUNK_BYTES,
@@ -129,7 +122,7 @@ def test_zmq_stream_matches_the_index(tiny_model_dir: Path, tmp_path: Path) -> N
 def test_every_dashboard_query_has_data_from_a_real_engine(
     tiny_model_dir: Path, tmp_path: Path, prometheus_binary: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     config = kv_transfer_config(
         cpu_bytes=12 * CHUNK_BYTES,
         disk_path=str(tmp_path / "store"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -20,15 +19,10 @@ from kvstore.cli import app
 from kvstore.eventbus import EventBus, ZMQPublisherSink
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.keys import BlockKey, Tier
+from kvstore.testing.net import free_port
 
 runner = CliRunner()
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def event(i: int) -> TierEvent:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import msgspec
 import pytest
@@ -14,14 +13,9 @@ from kvstore.eventbus import EventBus, ZMQPublisherSink, decode_batch
 from kvstore.eventbus.wire import END_SEQ, block_hash_to_wire
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.keys import BlockKey, Tier
+from kvstore.testing.net import free_port
 
 vllm_kv_events = pytest.importorskip("vllm.distributed.kv_events")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def key(i: int) -> BlockKey:
