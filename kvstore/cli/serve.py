@@ -23,9 +23,9 @@ from kvstore.cli.app import app
 from kvstore.metrics import (
     MetricsServer,
     StoreCollector,
-    StoreSnapshot,
     register_build_info,
     start_metrics_server,
+    store_snapshot,
 )
 from tiers.errors import TierError
 from tiers.lmdb import LMDBStore
@@ -33,17 +33,6 @@ from tiers.lmdb import LMDBStore
 __all__ = ["StoreExporter", "serve", "serve_store"]
 
 DEFAULT_PORT = 9401
-
-
-def store_snapshot(store: LMDBStore) -> StoreSnapshot:
-    stats = store.stats()
-    return StoreSnapshot(
-        num_entries=stats.num_entries,
-        used_bytes=stats.used_bytes,
-        capacity_bytes=stats.capacity_bytes,
-        file_bytes=stats.file_bytes,
-        num_namespaces=len(stats.namespaces),
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,13 @@ labels); `METRIC_NAMES` lists every one.
 
 from __future__ import annotations
 
-from kvstore.metrics.collectors import Occupancy, OccupancySource, StoreCollector, StoreSnapshot
+from kvstore.metrics.collectors import (
+    Occupancy,
+    OccupancySource,
+    StoreCollector,
+    StoreSnapshot,
+    store_snapshot,
+)
 from kvstore.metrics.labels import (
     DURATION_BUCKETS_S,
     SIZE_BUCKETS_BYTES,
@@ -50,4 +56,5 @@ __all__ = [
     "TransferStatsAccumulator",
     "register_build_info",
     "start_metrics_server",
+    "store_snapshot",
 ]

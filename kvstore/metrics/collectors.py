@@ -30,6 +30,7 @@ from kvstore.metrics.labels import (
     TransferResult,
 )
 from kvstore.metrics.stats import DirectionStats, TransferStats, TransferStatsAccumulator
+from tiers.store import BlockStore
 
 __all__ = [
     "Occupancy",
@@ -214,6 +215,18 @@ class StoreSnapshot:
     capacity_bytes: int
     file_bytes: int
     num_namespaces: int
+
+
+def store_snapshot(store: BlockStore) -> StoreSnapshot:
+    """A store's occupancy, file size and namespaces from one `stats()` read."""
+    stats = store.stats()
+    return StoreSnapshot(
+        num_entries=stats.num_entries,
+        used_bytes=stats.used_bytes,
+        capacity_bytes=stats.capacity_bytes,
+        file_bytes=stats.file_bytes,
+        num_namespaces=len(stats.namespaces),
+    )
 
 
 class StoreCollector(Collector):

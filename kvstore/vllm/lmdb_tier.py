@@ -33,11 +33,17 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvstore.cli.serve import store_snapshot
 from kvstore.errors import KVStoreError
 from kvstore.events import ChunkRemoved
 from kvstore.keys import BlockKey, Tier
-from kvstore.metrics import Direction, IOOp, KVStoreMetrics, MetricsServer, start_metrics_server
+from kvstore.metrics import (
+    Direction,
+    IOOp,
+    KVStoreMetrics,
+    MetricsServer,
+    start_metrics_server,
+    store_snapshot,
+)
 from kvstore.namespace import NamespaceDescriptor, namespace_id
 from kvstore.vllm.geometry import _device_type
 from kvstore.vllm.lmdb_tier_io import (

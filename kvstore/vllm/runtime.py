@@ -14,14 +14,20 @@ from typing import Any
 import lmdb
 from prometheus_client import CollectorRegistry
 
-from kvstore.cli.serve import store_snapshot
 from kvstore.config import KVStoreConfig
 from kvstore.errors import ConfigError
 from kvstore.eventbus import EventBus, JSONLSink, ZMQPublisherSink
 from kvstore.eventbus.sink import EventSink
 from kvstore.index import IndexConfig, SeedEntry, TierIndex
 from kvstore.keys import BlockKey, Tier
-from kvstore.metrics import IOOp, KVStoreMetrics, MetricsServer, Occupancy, start_metrics_server
+from kvstore.metrics import (
+    IOOp,
+    KVStoreMetrics,
+    MetricsServer,
+    Occupancy,
+    start_metrics_server,
+    store_snapshot,
+)
 from kvstore.namespace import NamespaceDescriptor, namespace_id
 from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO

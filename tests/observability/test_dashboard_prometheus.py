@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvstore.cli.serve import serve_store, store_snapshot
+from kvstore.cli.serve import serve_store
 from kvstore.eventbus import EventBus, EventSink, JSONLSink, MemorySink
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.keys import BlockKey, Tier
@@ -29,6 +29,7 @@ from kvstore.metrics import (
     QueueName,
     TransferStatsAccumulator,
     start_metrics_server,
+    store_snapshot,
 )
 from kvstore.testing.prometheus import evaluate_dashboard, run_prometheus
 from tiers.lmdb import LMDBStore
