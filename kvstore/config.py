@@ -6,6 +6,7 @@ Every bad value fails with a `ConfigError` that names the key and what is allowe
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -36,7 +37,7 @@ def parse_size(key: str, value: object) -> int:
         number = text[:-1] if text[-1:] in _SIZE_SUFFIXES else text
         try:
             return int(float(number) * scale)
-        except ValueError:
+        except (ValueError, OverflowError):  # not a number, NaN or infinite
             pass
     raise ConfigError(f"{key}: expected a size in bytes (e.g. 4294967296 or '4GiB'), got {value!r}")
 
@@ -65,6 +66,15 @@ class KVStoreConfig:
     load_failure_policy: str = "recompute"
     shutdown_timeout_s: float = 10.0
     namespace_salt: str = ""  # change it when the weights behind a model name change
+    # A CPU-tier hit is loaded in the step that computes the rest of the prompt (vLLM is told
+    # `load_kv_async=False`) while that step's sync loads stay within this many bytes; a larger
+    # hit is loaded over the next steps, `step_copy_budget_bytes` at a time.
+    sync_load_budget_bytes: int = 256 << 20
+    # CPU platform: bytes per step copied for queued loads, and (separately) for stores.
+    step_copy_budget_bytes: int = 256 << 20
+    # Re-read every loaded chunk and compare it with the digest taken when it was stored
+    # (debugging and tests: costs a digest per store and a gather per load).
+    audit_loads: bool = False
 
     @property
     def has_disk(self) -> bool:
@@ -73,9 +83,11 @@ class KVStoreConfig:
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVStoreConfig:
         """Parse `kv_connector_extra_config`; unknown keys and bad values raise ConfigError."""
+        if extra is not None and not isinstance(extra, Mapping):
+            raise ConfigError(f"kv_connector_extra_config must be a mapping, got {extra!r:.80}")
         extra = dict(extra or {})
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - known)
+        unknown = sorted(set(extra) - known, key=repr)
         if unknown:
             raise ConfigError(
                 f"unknown kv_connector_extra_config key(s) {unknown}; allowed: {sorted(known)}"
@@ -106,6 +118,12 @@ class KVStoreConfig:
         _require(self.disk_queue_chunks >= 1, "disk_queue_chunks", "must be >= 1")
         _require(self.shutdown_timeout_s > 0, "shutdown_timeout_s", "must be > 0 seconds")
         _require(self.events_log_max_bytes >= 4096, "events_log_max_bytes", "must be >= 4096")
+        _require(self.sync_load_budget_bytes >= 0, "sync_load_budget_bytes", "must be >= 0")
+        _require(
+            self.step_copy_budget_bytes >= 0,
+            "step_copy_budget_bytes",
+            "must be >= 0 (0 = no limit)",
+        )
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -138,9 +156,20 @@ def _float(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     try:
-        return float(value)
-    except ValueError as exc:
+        number = float(value)
+    except (ValueError, OverflowError) as exc:
         raise ConfigError(f"{key}: expected a number, got {value!r}") from exc
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    return number
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
 def _str(key: str, value: object) -> str:
@@ -160,6 +189,8 @@ def _optional_str(key: str, value: object) -> str | None:
 
 
 def _path(key: str, value: object) -> Path:
+    if "\0" in _str(key, value):
+        raise ConfigError(f"{key}: a path cannot contain a NUL character, got {value!r}")
     return Path(os.path.expanduser(_str(key, value)))
 
 
@@ -196,4 +227,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "load_failure_policy": _lower_str,
     "shutdown_timeout_s": _float,
     "namespace_salt": _identity_str,
+    "sync_load_budget_bytes": parse_size,
+    "step_copy_budget_bytes": parse_size,
+    "audit_loads": _bool,
 }

@@ -20,6 +20,7 @@ from kvstore.metrics.collectors import (
     store_snapshot,
 )
 from kvstore.metrics.labels import (
+    AUDIT_RESULTS,
     DURATION_BUCKETS_S,
     SIZE_BUCKETS_BYTES,
     Direction,
@@ -37,6 +38,7 @@ from kvstore.metrics.stats import (
 )
 
 __all__ = [
+    "AUDIT_RESULTS",
     "DURATION_BUCKETS_S",
     "Direction",
     "DirectionStats",

@@ -16,6 +16,7 @@ __all__ = [
     "IOOp",
     "QueueName",
     "REMOVAL_REASONS",
+    "AUDIT_RESULTS",
     "DROP_REASONS",
     "SINK_NAMES",
     "SIZE_BUCKETS_BYTES",
@@ -68,6 +69,7 @@ SINK_NAMES: tuple[str, ...] = ("zmq", "jsonl")
 """The event sinks kvstore ships (their default names), whose series exist from the start."""
 
 DROP_REASONS: tuple[str, ...] = ("queue_full", "closed", "deadline")
+AUDIT_RESULTS: tuple[str, ...] = ("verified", "mismatched", "unknown")  # kvstore.transfer.audit
 """Why work or events were dropped: the queue was full, it was closed, or close timed out."""
 
 DURATION_BUCKETS_S: tuple[float, ...] = (

@@ -17,6 +17,7 @@ __all__ = [
     "HIT_TOKENS",
     "IO_ERRORS",
     "KEYS_STABLE",
+    "LOAD_AUDIT_CHUNKS",
     "LOAD_FAILED_CHUNKS",
     "LOOKUPS",
     "LOOKUP_CHUNKS",
@@ -79,6 +80,7 @@ SINK_ERRORS = "kvstore_sink_errors_total"  # {sink}
 CHECKSUM_FAILURES = "kvstore_checksum_failures_total"  # {tier}
 IO_ERRORS = "kvstore_io_errors_total"  # {op}
 LOAD_FAILED_CHUNKS = "kvstore_load_failed_chunks_total"
+LOAD_AUDIT_CHUNKS = "kvstore_load_audit_chunks_total"  # {result}: verified, mismatched, unknown
 
 # Identity.
 KEYS_STABLE = "kvstore_keys_stable"
@@ -116,6 +118,7 @@ METRIC_NAMES: tuple[str, ...] = (
     CHECKSUM_FAILURES,
     IO_ERRORS,
     LOAD_FAILED_CHUNKS,
+    LOAD_AUDIT_CHUNKS,
     KEYS_STABLE,
     BUILD_INFO,
     CONFIG_INFO,

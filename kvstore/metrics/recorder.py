@@ -25,6 +25,7 @@ from kvstore.metrics.collectors import (
     TransferCollector,
 )
 from kvstore.metrics.labels import (
+    AUDIT_RESULTS,
     DROP_REASONS,
     REMOVAL_REASONS,
     SINK_NAMES,
@@ -129,6 +130,14 @@ class KVStoreMetrics:
         self._load_failed = Counter(
             names.LOAD_FAILED_CHUNKS, "Chunks whose load was reported failed to vLLM.", registry=r
         )
+        self._load_audit = Counter(
+            names.LOAD_AUDIT_CHUNKS,
+            "Loaded chunks checked against the digest taken at store time (audit_loads).",
+            ["result"],
+            registry=r,
+        )
+        for result in AUDIT_RESULTS:
+            self._load_audit.labels(result)
         self._keys_stable = Gauge(
             names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
         )
@@ -253,6 +262,14 @@ class KVStoreMetrics:
         """Chunks whose load failed and were reported to vLLM (which recomputes them)."""
         _check_count("num_chunks", num_chunks)
         self._load_failed.inc(num_chunks)
+
+    def record_load_audit(self, counts: Mapping[str, int]) -> None:
+        """Loaded chunks the workers' audit checked, by result (`AUDIT_RESULTS`)."""
+        for result, num_chunks in counts.items():
+            if result not in AUDIT_RESULTS:
+                raise ValueError(f"unknown audit result {result!r}; allowed: {AUDIT_RESULTS}")
+            _check_count("num_chunks", num_chunks)
+            self._load_audit.labels(result).inc(num_chunks)
 
     # -- identity ------------------------------------------------------------------------------
 

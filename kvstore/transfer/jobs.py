@@ -1,7 +1,8 @@
-"""Transfer jobs between the engine's KV cache and the CPU region (no vLLM here).
+"""Copy jobs between the engine's KV cache and the CPU region (no vLLM here).
 
 The scheduler decides, the workers execute: a job names engine block ids and CPU rows. A chunk
 is `blocks_per_chunk` consecutive engine blocks; its row holds every TP rank's slice of it.
+(Named `CopyJob`/`CopyResult`, not vLLM's `TransferJob`/`JobResult`, which mean other things.)
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["ChunkSegment", "JobKind", "JobResult", "TransferJob"]
+__all__ = ["ChunkSegment", "CopyJob", "CopyResult", "JobKind"]
 
 
 class JobKind(StrEnum):
@@ -23,20 +24,29 @@ class ChunkSegment:
 
     `first_block` > 0 only for the first chunk of a load whose leading blocks the engine already
     holds. `row` < 0 marks a chunk the scheduler could not provide: the worker reports its blocks
-    as failed so vLLM recomputes them.
+    as failed so vLLM recomputes them. `key` is the chunk's key (the load audit uses it).
     """
 
     row: int
     first_block: int
     block_ids: tuple[int, ...]
+    key: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
-class TransferJob:
+class CopyJob:
+    """One batch of chunk copies for one request.
+
+    `is_sync`: a load the request's forward in this very step reads (vLLM was told
+    `load_kv_async=False`): it runs before the forward and is not reported as finished
+    receiving. Other loads complete across steps and are reported through `get_finished`.
+    """
+
     job_id: int
     kind: JobKind
     req_id: str
     segments: tuple[ChunkSegment, ...]
+    is_sync: bool = False
 
     @property
     def block_ids(self) -> list[int]:
@@ -44,7 +54,7 @@ class TransferJob:
 
 
 @dataclass(frozen=True, slots=True)
-class JobResult:
+class CopyResult:
     job_id: int
     kind: JobKind
     req_id: str
@@ -53,3 +63,4 @@ class JobResult:
     duration_s: float
     failed_block_ids: tuple[int, ...] = field(default=())
     error: str | None = None
+    is_sync: bool = False

@@ -107,6 +107,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             runtime.service,
             runtime.metrics,
             num_workers=int(vllm_config.parallel_config.tensor_parallel_size),
+            sync_load_budget_bytes=self._config.sync_load_budget_bytes,
             on_layout=runtime.register_layout,
         )
         logger.info(
@@ -152,7 +153,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             self.worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are asynchronous: the request waits until its load is reported
+        return  # sync loads finish before the forward (CPU) or are ordered on the stream (CUDA)
 
     def save_kv_layer(
         self,

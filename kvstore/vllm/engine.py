@@ -9,16 +9,22 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kvstore.oracle import GreedyRun
+
 __all__ = [
     "KVSTORE_CONNECTOR",
+    "drain",
     "engine",
     "generate_greedy",
     "generate_outputs",
+    "generate_runs",
+    "greedy_runs",
     "kv_transfer_config",
     "scheduler_connector",
 ]
@@ -117,3 +123,52 @@ def generate_outputs(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
         )
     )
+
+
+def generate_runs(
+    llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int = 8
+) -> tuple[list[Any], list[GreedyRun]]:
+    """Greedy-decode with the top-2 logprobs of every step: vLLM's RequestOutputs and the
+    `kvstore.oracle.GreedyRun`s that the tie-aware comparison needs."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2)
+    outputs = list(
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+    )
+    return outputs, greedy_runs(outputs)
+
+
+def greedy_runs(outputs: Sequence[Any]) -> list[GreedyRun]:
+    """`GreedyRun`s of RequestOutputs generated with `logprobs >= 2`."""
+    runs = []
+    for output in outputs:
+        completion = output.outputs[0]
+        gaps = []
+        for step in completion.logprobs or ():
+            top = sorted((lp.logprob for lp in step.values()), reverse=True)
+            gaps.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        runs.append(GreedyRun(tuple(completion.token_ids), tuple(gaps)))
+    return runs
+
+
+def drain(llm: Any, timeout_s: float = 30.0) -> None:
+    """Step an in-process engine until kvstore has no copy job, promotion or disk write in
+    flight, then apply their results (the store is then complete and the index settled)."""
+    connector = scheduler_connector(llm)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runtime = connector.runtime
+        service = runtime.service if runtime is not None else None
+        busy = connector.scheduler.has_pending_work() or (
+            service is not None and (service.num_queued_chunks or service.num_inflight_promotions)
+        )
+        if not busy:
+            connector.scheduler.settle()
+            return
+        llm.llm_engine.step()
+        time.sleep(0.005)
+    raise TimeoutError(f"kvstore still busy after {timeout_s}s")

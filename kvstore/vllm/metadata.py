@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from kvstore.transfer.jobs import TransferJob
+from kvstore.transfer.jobs import CopyJob
 
 __all__ = ["KVStoreConnectorMetadata", "KVStoreWorkerMetadata"]
 
@@ -19,18 +19,18 @@ __all__ = ["KVStoreConnectorMetadata", "KVStoreWorkerMetadata"]
 class KVStoreConnectorMetadata(KVConnectorMetadata):
     """Scheduler -> workers, once per step.
 
-    - `load_jobs`: CPU rows -> engine blocks, for requests waiting on kvstore (started after the
-      step's forward is launched; they complete asynchronously).
-    - `store_jobs`: engine blocks -> CPU rows, for chunks this step's forward completes (started
-      after the forward, in `wait_for_save`).
+    - `load_jobs`: CPU rows -> engine blocks. Sync ones feed this step's forward and run
+      before it; the others complete over the next steps (`is_sync`).
+    - `store_jobs`: engine blocks -> CPU rows, for chunks this step's forward completes (copied
+      after the forward, in `wait_for_save`, within the step's copy budget).
     - `flush_job_ids`: store jobs whose source blocks are about to be reused (preemption): the
       worker waits for them before the step runs.
     - `finished_store_reqs`: finished requests whose blocks vLLM keeps alive until their stores
       complete; the worker reports each as finished sending once its stores are done.
     """
 
-    load_jobs: list[TransferJob] = field(default_factory=list)
-    store_jobs: list[TransferJob] = field(default_factory=list)
+    load_jobs: list[CopyJob] = field(default_factory=list)
+    store_jobs: list[CopyJob] = field(default_factory=list)
     flush_job_ids: list[int] = field(default_factory=list)
     finished_store_reqs: list[str] = field(default_factory=list)
 
@@ -42,12 +42,14 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):
     `completed[job_id]` counts the workers that finished the job, `failed[job_id]` those that
     failed it; the scheduler settles a job once the counts reach the number of workers.
     `transfer_stats` is `kvstore.metrics` TransferStats as a dict (bytes and durations).
+    `audit` counts loaded chunks by `kvstore.transfer.audit.AuditResult` (`audit_loads` on).
     """
 
     completed: dict[int, int] = field(default_factory=dict)
     failed: dict[int, int] = field(default_factory=dict)
     transfer_stats: list[dict[str, Any]] = field(default_factory=list)
     layout: dict[str, Any] | None = None  # rank 0's chunk layout, sent once
+    audit: dict[str, int] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, KVStoreWorkerMetadata):
@@ -63,7 +65,11 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):
             failed=failed,
             transfer_stats=self.transfer_stats + other.transfer_stats,
             layout=self.layout if self.layout is not None else other.layout,
-        )
+            audit={k: self.audit.get(k, 0) + other.audit.get(k, 0)
+                   for k in self.audit.keys() | other.audit.keys()},
+        )  # fmt: skip
 
     def has_data(self) -> bool:
-        return bool(self.completed or self.failed or self.transfer_stats or self.layout)
+        return bool(
+            self.completed or self.failed or self.transfer_stats or self.layout or self.audit
+        )

@@ -21,6 +21,7 @@ class RequestState:
     num_stored_chunks: int = 0  # chunks [0, n) were considered for storing
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
+    is_sync_load: bool = False  # the planned load runs before the forward of its step
     promoting: set[BlockKey] = field(default_factory=set)  # promotion in flight for this request
     held: set[BlockKey] = field(default_factory=set)  # promotion holds to release
     from_disk: set[BlockKey] = field(default_factory=set)  # hits promoted from disk (metrics)

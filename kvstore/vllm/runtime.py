@@ -21,6 +21,7 @@ from kvstore.eventbus.sink import EventSink
 from kvstore.index import IndexConfig, SeedEntry, TierIndex
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import (
+    AUDIT_RESULTS,
     IOOp,
     KVStoreMetrics,
     MetricsServer,
@@ -260,6 +261,10 @@ class SchedulerRuntime:
                 "kvstore_queue_dropped_total", queue="write_through", reason="queue_full"
             ),
             "load_failed_chunks": value("kvstore_load_failed_chunks_total"),
+            "load_audit": {
+                result: value("kvstore_load_audit_chunks_total", result=result)
+                for result in AUDIT_RESULTS
+            },
         }
 
     # -- close ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from kvstore.index import TierIndex
 from kvstore.keys import BlockKey, Tier, short_hex
 from kvstore.metrics import TransferStats
 from kvstore.service import PromotionDone, TierService, WriteDone
-from kvstore.transfer.jobs import ChunkSegment, JobKind, TransferJob
+from kvstore.transfer.jobs import ChunkSegment, CopyJob, JobKind
 from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
@@ -51,6 +51,7 @@ class ConnectorScheduler:
         metrics: KVStoreMetrics | None,
         *,
         num_workers: int,
+        sync_load_budget_bytes: int = 0,
         on_layout: Any = None,
     ) -> None:
         self._geo = geometry
@@ -58,11 +59,13 @@ class ConnectorScheduler:
         self._service = service
         self._metrics = metrics
         self._num_workers = num_workers
+        self._sync_load_budget_bytes = sync_load_budget_bytes
+        self._sync_load_bytes = 0  # promised to this step's sync loads so far
         self._on_layout = on_layout
         self._reqs: dict[str, RequestState] = {}
         self._jobs: dict[int, JobState] = {}
         self._job_ids = itertools.count(1)
-        self._pending_loads: list[TransferJob] = []
+        self._pending_loads: list[CopyJob] = []
         self._pending_finished: list[str] = []
         self._promotion_owner: dict[BlockKey, str] = {}
         self._events: list[Any] = []
@@ -136,7 +139,18 @@ class ConnectorScheduler:
             self._release_holds(state)
             return 0, False
         state.num_computed_at_lookup = num_computed_tokens
-        return num_hit_tokens, True
+        state.is_sync_load = self._take_sync_budget(num_hits)
+        return num_hit_tokens, not state.is_sync_load
+
+    def _take_sync_budget(self, num_chunks: int) -> bool:
+        """Whether a CPU-resident hit of `num_chunks` loads in the step that schedules it
+        (before its forward) rather than over the next steps: while this step's sync loads
+        stay within `sync_load_budget_bytes`, so one step never stalls for long."""
+        num_bytes = num_chunks * self._geo.slice_bytes
+        if self._sync_load_bytes + num_bytes > self._sync_load_budget_bytes:
+            return False
+        self._sync_load_bytes += num_bytes
+        return True
 
     def _record_lookup(
         self, state: RequestState, keys: Sequence[BlockKey], skip_tokens: int, num_hits: int
@@ -185,7 +199,9 @@ class ConnectorScheduler:
             chunk_first = (first_chunk + offset) * geo.blocks_per_chunk
             start = max(chunk_first, first_block)
             segment_blocks = tuple(block_ids[start : chunk_first + geo.blocks_per_chunk])
-            segments.append(ChunkSegment(rows.get(key, -1), start - chunk_first, segment_blocks))
+            segments.append(
+                ChunkSegment(rows.get(key, -1), start - chunk_first, segment_blocks, bytes(key))
+            )
             tier = Tier.DISK if key in state.from_disk else Tier.CPU
             tokens = len(segment_blocks) * geo.engine_block_size
             state.load_tokens[tier] = state.load_tokens.get(tier, 0) + tokens
@@ -195,7 +211,13 @@ class ConnectorScheduler:
                 len(plan.missing),
                 request.request_id,
             )
-        job = TransferJob(next(self._job_ids), JobKind.LOAD, request.request_id, tuple(segments))
+        job = CopyJob(
+            next(self._job_ids),
+            JobKind.LOAD,
+            request.request_id,
+            tuple(segments),
+            is_sync=state.is_sync_load,
+        )
         self._jobs[job.job_id] = JobState(
             JobKind.LOAD, request.request_id, plan.keys, self._num_workers
         )
@@ -219,6 +241,7 @@ class ConnectorScheduler:
         self._apply_completions()
         meta = KVStoreConnectorMetadata(load_jobs=self._pending_loads)
         self._pending_loads = []
+        self._sync_load_bytes = 0  # the next schedule() is a new step
         self._update_block_ids(scheduler_output)
         for req_id in scheduler_output.preempted_req_ids or ():
             state = self._reqs.get(req_id)
@@ -249,7 +272,7 @@ class ConnectorScheduler:
             elif new_block_ids:
                 state.block_ids.extend(new_block_ids[0])
 
-    def _plan_store(self, state: RequestState, num_scheduled_tokens: int) -> TransferJob | None:
+    def _plan_store(self, state: RequestState, num_scheduled_tokens: int) -> CopyJob | None:
         geo = self._geo
         request = state.request
         num_tokens = request.num_computed_tokens + num_scheduled_tokens
@@ -276,8 +299,8 @@ class ConnectorScheduler:
         for key, row in plan.items():
             first = chunk_of[key] * geo.blocks_per_chunk
             blocks = tuple(state.block_ids[first : first + geo.blocks_per_chunk])
-            segments.append(ChunkSegment(row, 0, blocks))
-        job = TransferJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments))
+            segments.append(ChunkSegment(row, 0, blocks, bytes(key)))
+        job = CopyJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments))
         self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, plan.keys, self._num_workers)
         state.store_jobs.add(job.job_id)
         return job
@@ -299,6 +322,8 @@ class ConnectorScheduler:
         if self._metrics is not None:
             for stats in meta.transfer_stats:
                 self._metrics.record_transfer_stats(TransferStats.from_dict(stats))
+            if meta.audit:
+                self._metrics.record_load_audit(meta.audit)
         for counts, failed in ((meta.completed, False), (meta.failed, True)):
             for job_id, n in counts.items():
                 job = self._jobs.get(job_id)

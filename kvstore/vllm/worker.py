@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,8 +17,9 @@ import torch
 from kvstore.config import KVStoreConfig
 from kvstore.errors import ConfigError
 from kvstore.metrics import Direction, TransferStatsAccumulator
-from kvstore.transfer.engine import SliceSpec, TransferEngine
-from kvstore.transfer.jobs import JobKind, JobResult, TransferJob
+from kvstore.transfer.audit import LoadAudit
+from kvstore.transfer.engine import SliceSpec, StepBudget, TransferEngine
+from kvstore.transfer.jobs import CopyJob, CopyResult, JobKind
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from tiers.cpu import CPURegion
@@ -50,6 +52,7 @@ class ConnectorWorker:
         self._completed: dict[int, int] = {}
         self._failed: dict[int, int] = {}
         self._stats = TransferStatsAccumulator()
+        self._audit = LoadAudit() if config.audit_loads else None
         self._layout_pending: dict[str, object] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -71,6 +74,11 @@ class ConnectorWorker:
             self._attach_region,
             SliceSpec(offset_bytes=self._tp_rank * slice_bytes, size_bytes=slice_bytes),
             device=view.device,
+            budget=StepBudget(
+                load_bytes=self._config.step_copy_budget_bytes,
+                store_bytes=self._config.step_copy_budget_bytes,
+            ),
+            audit=self._audit,
         )
         if self._tp_rank == 0:
             self._layout_pending = view.chunk_layout(self._geo.blocks_per_chunk).to_dict()
@@ -89,37 +97,34 @@ class ConnectorWorker:
         )
         return self._region
 
-    def _require_engine(self) -> TransferEngine:
-        if self._engine is None:
-            raise RuntimeError("kvstore: register_kv_caches was not called before a transfer")
-        return self._engine
-
     # -- per step ---------------------------------------------------------------------------
 
     def handle_preemptions(self, meta: KVStoreConnectorMetadata) -> None:
         if meta.flush_job_ids and self._engine is not None:
-            self._engine.wait(meta.flush_job_ids, timeout_s=self._config.shutdown_timeout_s)
+            self._engine.flush(meta.flush_job_ids)
 
     def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
+        """Before the forward when the step has sync loads (vLLM's `has_sync_kv_loads`), else
+        right after it: sync loads complete here; queued ones progress within the budget."""
         for job in meta.load_jobs:
-            self._load_reqs[job.job_id] = job.req_id
-            self._submit(job)
+            if not job.is_sync:
+                self._load_reqs[job.job_id] = job.req_id
+        self._engine_for(meta.load_jobs).run_loads(meta.load_jobs)
 
     def wait_for_save(self, meta: KVStoreConnectorMetadata) -> None:
+        """After the forward (every step, also steps without one): copy the chunks it
+        completed, and whatever earlier stores are still queued, within the budget."""
         for job in meta.store_jobs:
             self._req_store_jobs[job.req_id].add(job.job_id)
-            self._submit(job)
+        self._engine_for(meta.store_jobs).run_stores(meta.store_jobs)
         self._finish_watch.update(meta.finished_store_reqs)
 
-    def _submit(self, job: TransferJob) -> None:
-        try:
-            self._require_engine().submit(job)
-        except Exception as exc:  # report, never crash the step
-            logger.error("kvstore: could not start job %d: %s", job.job_id, exc)
-            self._on_result(
-                JobResult(job.job_id, job.kind, job.req_id, False, 0, 0.0,
-                          tuple(job.block_ids) if job.kind is JobKind.LOAD else (), str(exc))
-            )  # fmt: skip
+    def _engine_for(self, jobs: Sequence[CopyJob]) -> TransferEngine | _NoEngine:
+        if self._engine is not None:
+            return self._engine
+        if jobs:
+            raise RuntimeError("kvstore: register_kv_caches was not called before a transfer")
+        return _NoEngine()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         finished_recving: set[str] = set()
@@ -134,15 +139,15 @@ class ConnectorWorker:
             self._req_store_jobs.pop(req_id, None)
         return finished_sending, finished_recving
 
-    def _on_result(self, result: JobResult) -> str | None:
-        """Book a finished job; returns the request id for a finished load."""
+    def _on_result(self, result: CopyResult) -> str | None:
+        """Book a finished job; returns the request id of a finished asynchronous load."""
         counts = self._completed if result.is_ok else self._failed
         counts[result.job_id] = counts.get(result.job_id, 0) + 1
         self._stats.observe(_DIRECTIONS[result.kind], result.num_bytes, result.duration_s,
                             result.is_ok)  # fmt: skip
         if result.kind is JobKind.LOAD:
             self._load_errors.update(result.failed_block_ids)
-            return self._load_reqs.pop(result.job_id, result.req_id)
+            return self._load_reqs.pop(result.job_id, None)  # sync loads are not "received"
         jobs = self._req_store_jobs.get(result.req_id)
         if jobs is not None:
             jobs.discard(result.job_id)
@@ -154,11 +159,13 @@ class ConnectorWorker:
 
     def build_connector_worker_meta(self) -> KVStoreWorkerMetadata | None:
         stats = self._stats.take()
+        audit = self._audit.take_counts() if self._audit is not None else None
         meta = KVStoreWorkerMetadata(
             completed=self._completed,
             failed=self._failed,
             transfer_stats=[] if stats.is_empty else [stats.to_dict()],
             layout=self._layout_pending,
+            audit={} if audit is None or audit.is_empty else audit.to_dict(),
         )
         if not meta.has_data():
             return None
@@ -167,7 +174,17 @@ class ConnectorWorker:
 
     def shutdown(self) -> None:
         if self._engine is not None:
-            self._engine.close(timeout_s=self._config.shutdown_timeout_s)
+            self._engine.close()
         if self._region is not None:
             self._region.close()
             self._region = None
+
+
+class _NoEngine:
+    """Before `register_kv_caches` (vLLM's dummy steps): nothing queued, nothing to run."""
+
+    def run_loads(self, jobs: Sequence[CopyJob]) -> None:
+        return
+
+    def run_stores(self, jobs: Sequence[CopyJob]) -> None:
+        return
