@@ -6,13 +6,17 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from kvstore.cli.app import app
+from kvstore.oracle import Verdict
+
+if TYPE_CHECKING:
+    from kvstore.demo.runner import DemoResult
 
 _err = Console(stderr=True)
 
@@ -35,7 +39,7 @@ def demo(
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for the report
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
-    from kvstore.vllm.demo import DemoOptions, run_demo
+    from kvstore.demo.runner import DemoOptions, run_demo
 
     options = DemoOptions(
         directory=directory,
@@ -45,7 +49,21 @@ def demo(
         compare_baseline=baseline,
     )
     result = run_demo(options, on_progress=lambda m: _err.print(f"[dim]·[/dim] {m}"))
-    data: dict[str, Any] = {
+    data = _report_data(result)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        _print_report(data)
+    if not result.is_correct:
+        _err.print(f"[red]kvstore demo: the correctness check FAILED: {data['oracle']}[/red]")
+        raise typer.Exit(1)
+
+
+def _report_data(result: DemoResult) -> dict[str, Any]:
+    checks = [result.audit.describe() if result.audit is not None else "no load audit"]
+    if result.outputs is not None:
+        checks.append(result.outputs.describe())
+    return {
         "store_path": str(result.store_path),
         "metrics_url": result.metrics_url,
         "num_requests": result.num_requests,
@@ -58,16 +76,32 @@ def demo(
         "baseline_elapsed_s": None
         if result.baseline_elapsed_s is None
         else round(result.baseline_elapsed_s, 3),
-        "outputs_match_baseline": result.outputs_match_baseline,
+        "is_correct": result.is_correct,
+        "oracle": "; ".join(checks),
+        "load_audit": None if result.audit is None else {
+            "verified": result.audit.verified,
+            "mismatched": result.audit.mismatched,
+            "unknown": result.audit.unknown,
+        },
+        "outputs": None if result.outputs is None else {
+            "tie_epsilon": result.outputs.tie_epsilon,
+            "equal": result.outputs.count(Verdict.EQUAL),
+            "cut_at_tie": result.outputs.count(Verdict.CUT_AT_TIE),
+            "diverged": result.outputs.count(Verdict.DIVERGED),
+        },
+        "turns": [
+            {
+                "turn": t.turn,
+                "prompt_tokens": t.prompt_tokens,
+                "engine_cache_tokens": t.engine_cache_tokens,
+                "cpu_tokens": t.cpu_tokens,
+                "disk_tokens": t.disk_tokens,
+                "computed_tokens": t.computed_tokens,
+            }
+            for t in result.turns
+        ],
         "summary": result.summary,
-    }
-    if as_json:
-        typer.echo(json.dumps(data, indent=2))
-    else:
-        _print_report(data)
-    if result.outputs_match_baseline is False:
-        _err.print("[red]outputs differ from the run without kvstore[/red]")
-        raise typer.Exit(1)
+    }  # fmt: skip
 
 
 def _print_report(data: dict[str, Any]) -> None:
@@ -113,9 +147,8 @@ def _print_report(data: dict[str, Any]) -> None:
             f"vs {data['baseline_elapsed_s']:.1f}s (the tiny demo model recomputes almost for "
             "free: `kvstore bench connector` measures time to first token on a larger one)"
         )
-    if data["outputs_match_baseline"] is not None:
-        verdict = "identical" if data["outputs_match_baseline"] else "DIFFERENT"
-        console.print(f"greedy outputs vs. the run without kvstore: {verdict}")
+    verdict = "[green]correct[/green]" if data["is_correct"] else "[red]WRONG[/red]"
+    console.print(f"correctness ({verdict}): {data['oracle']}")
     if data["metrics_url"]:
         console.print(f"metrics were served at {data['metrics_url']} while the engine ran")
     store = data["store_path"]

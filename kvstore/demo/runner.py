@@ -1,0 +1,233 @@
+"""`kvstore demo`: the real vLLM engine with KVStoreConnector on a multi-turn workload.
+
+Builds the tiny random Llama locally, replays multi-turn conversations whose history outgrows
+the engine's KV cache (round-robin, so each conversation's prefix has left the engine when it
+comes back), and reports what each kvstore tier served. Then it replays exactly the same
+prompts, in the same batches, on an engine without kvstore and checks the run with both
+oracles of `kvstore.oracle`: every loaded chunk byte-identical to what the engine stored (the
+load audit), and greedy outputs equal to the reference except where its top two logits tie.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstore.demo.workload import DemoWorkload
+from kvstore.oracle import AuditReport, GreedyRun, OutputsReport, compare_greedy
+from kvstore.tiny_model import TinyLlamaSpec, build_tiny_llama
+from kvstore.vllm.engine import (
+    drain,
+    engine,
+    generate_runs,
+    kv_transfer_config,
+    scheduler_connector,
+)
+
+__all__ = ["DemoOptions", "DemoResult", "TurnStats", "run_demo"]
+
+logger = logging.getLogger(__name__)
+
+_ENGINE_BLOCK_TOKENS = 32
+_WARMUP_PROMPT = [7] * (_ENGINE_BLOCK_TOKENS // 2)  # shorter than a block: stores nothing
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStats:
+    """Prompt tokens of one turn, by who served them."""
+
+    turn: int
+    num_requests: int
+    prompt_tokens: int
+    engine_cache_tokens: int  # vLLM's own prefix cache
+    cpu_tokens: int  # kvstore's CPU tier
+    disk_tokens: int  # kvstore's disk tier
+
+    @property
+    def computed_tokens(self) -> int:
+        served = self.engine_cache_tokens + self.cpu_tokens + self.disk_tokens
+        return self.prompt_tokens - served
+
+
+OnTurn = Callable[[TurnStats], None]
+AfterTurn = Callable[[int, Any], None]  # (turn, llm): a test's fault injection point
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    directory: Path = Path(".kvstore")
+    num_conversations: int = 6
+    num_turns: int = 6
+    engine_kv_blocks: int = 64  # the engine's own KV cache: 2048 tokens, far less than the history
+    cpu_chunks: int = 96  # kvstore's CPU tier: 3072 tokens, also less than the history
+    disk_bytes: int = 256 << 20
+    metrics_port: int | None = 0  # 0 = any free port
+    compare_baseline: bool = True
+
+    @property
+    def store_path(self) -> Path:
+        return self.directory / "store"
+
+    @property
+    def model_path(self) -> Path:
+        return self.directory / "model"
+
+
+@dataclass(slots=True)
+class DemoResult:
+    store_path: Path
+    metrics_url: str | None
+    turns: list[TurnStats] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    baseline_elapsed_s: float | None = None
+    baseline_prefill_tokens: int | None = None
+    audit: AuditReport | None = None
+    outputs: OutputsReport | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_requests(self) -> int:
+        return sum(t.num_requests for t in self.turns)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(t.prompt_tokens for t in self.turns)
+
+    @property
+    def kvstore_hit_tokens(self) -> int:
+        return sum(t.cpu_tokens + t.disk_tokens for t in self.turns)
+
+    @property
+    def engine_hit_tokens(self) -> int:
+        return sum(t.engine_cache_tokens for t in self.turns)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(t.computed_tokens for t in self.turns)
+
+    @property
+    def is_correct(self) -> bool:
+        """Both oracles passed, and the audit checked at least one load (not vacuous)."""
+        audit_ok = self.audit is not None and self.audit.is_ok and self.audit.verified > 0
+        return audit_ok and (self.outputs is None or self.outputs.is_ok)
+
+
+def run_demo(
+    options: DemoOptions,
+    on_progress: Callable[[str], None] = logger.info,
+    on_turn: OnTurn | None = None,
+    after_turn: AfterTurn | None = None,
+) -> DemoResult:
+    options.directory.mkdir(parents=True, exist_ok=True)
+    model = build_tiny_llama(options.model_path)
+    workload = DemoWorkload(
+        num_conversations=options.num_conversations, num_turns=options.num_turns
+    )
+    engine_kwargs = _engine_kwargs(options)
+    result = DemoResult(store_path=options.store_path, metrics_url=None)
+    config = kv_transfer_config(
+        cpu_bytes=options.cpu_chunks * _chunk_bytes(),
+        disk_path=str(options.store_path),
+        disk_bytes=options.disk_bytes,
+        metrics_port=options.metrics_port,
+        events_log=str(options.directory / "events.jsonl"),
+        audit_loads=True,
+    )
+    on_progress("kvstore: the workload with KVStoreConnector (CPU region + LMDB store)")
+    with engine(model, kv_transfer=config, **engine_kwargs) as llm:
+        generate_runs(llm, [_WARMUP_PROMPT], max_tokens=1)  # one-off costs of a first engine
+        runtime = scheduler_connector(llm).runtime
+        server = runtime.metrics_server if runtime is not None else None
+        result.metrics_url = server.url if server is not None else None
+        if result.metrics_url:
+            on_progress(f"metrics: {result.metrics_url}")
+        start_s = time.perf_counter()
+        batches, runs = _replay_kvstore(llm, workload, result, on_turn, after_turn)
+        drain(llm)
+        result.elapsed_s = time.perf_counter() - start_s
+        result.summary = runtime.summary() if runtime is not None else {}
+    result.audit = AuditReport.from_counts(result.summary.get("load_audit", {}))
+    if options.compare_baseline:
+        on_progress("reference: the same prompts, in the same batches, without kvstore")
+        with engine(model, **engine_kwargs) as llm:
+            generate_runs(llm, [_WARMUP_PROMPT], max_tokens=1)
+            start_s = time.perf_counter()
+            reference, prefill = _replay_reference(llm, batches, workload.reply_tokens)
+            result.baseline_elapsed_s = time.perf_counter() - start_s
+        result.baseline_prefill_tokens = prefill
+        result.outputs = compare_greedy(reference, runs)
+    return result
+
+
+def _engine_kwargs(options: DemoOptions) -> dict[str, Any]:
+    return {
+        "kv_cache_bytes": options.engine_kv_blocks * _chunk_bytes(),
+        "max_model_len": 1536,
+        "block_size": _ENGINE_BLOCK_TOKENS,
+    }
+
+
+def _replay_kvstore(
+    llm: Any,
+    workload: DemoWorkload,
+    result: DemoResult,
+    on_turn: OnTurn | None,
+    after_turn: AfterTurn | None,
+) -> tuple[list[list[list[int]]], list[GreedyRun]]:
+    """Run every turn; return the prompts of each turn (its batch) and all greedy runs."""
+    conversations = workload.start()
+    runtime = scheduler_connector(llm).runtime
+    batches: list[list[list[int]]] = []
+    runs: list[GreedyRun] = []
+    for turn in range(workload.num_turns):
+        prompts = workload.next_prompts(conversations, turn)
+        before = _hit_tokens(runtime)
+        outputs, turn_runs = generate_runs(llm, prompts, max_tokens=workload.reply_tokens)
+        after = _hit_tokens(runtime)
+        workload.record_replies(conversations, [list(r.token_ids) for r in turn_runs])
+        batches.append(prompts)
+        runs += turn_runs
+        cpu, disk = after[0] - before[0], after[1] - before[1]
+        cached = sum(o.num_cached_tokens or 0 for o in outputs)
+        stats = TurnStats(
+            turn=turn,
+            num_requests=len(prompts),
+            prompt_tokens=sum(len(p) for p in prompts),
+            engine_cache_tokens=max(0, cached - cpu - disk),
+            cpu_tokens=cpu,
+            disk_tokens=disk,
+        )
+        result.turns.append(stats)
+        if on_turn is not None:
+            on_turn(stats)
+        if after_turn is not None:
+            after_turn(turn, llm)
+    return batches, runs
+
+
+def _replay_reference(
+    llm: Any, batches: list[list[list[int]]], max_tokens: int
+) -> tuple[list[GreedyRun], int]:
+    runs: list[GreedyRun] = []
+    prefill = 0
+    for prompts in batches:
+        outputs, turn_runs = generate_runs(llm, prompts, max_tokens=max_tokens)
+        runs += turn_runs
+        prefill += sum(len(o.prompt_token_ids) - (o.num_cached_tokens or 0) for o in outputs)
+    return runs, prefill
+
+
+def _hit_tokens(runtime: Any) -> tuple[int, int]:
+    if runtime is None:
+        return 0, 0
+    tiers = runtime.summary()["tiers"]
+    return int(tiers["cpu"]["hit_tokens"]), int(tiers["disk"]["hit_tokens"])
+
+
+def _chunk_bytes() -> int:
+    """Bytes of one engine block of the tiny model: every layer's K and V, bf16."""
+    return TinyLlamaSpec().kv_bytes_per_token * _ENGINE_BLOCK_TOKENS
