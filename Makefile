@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvstore-installed
 
-.PHONY: install prometheus test lint unit demo bench clean
+.PHONY: install prometheus redis test lint unit demo bench clean
 
 install: $(STAMP)
 
@@ -29,7 +29,13 @@ prometheus: $(STAMP)
 	@$(PY) -c "from kvstore.testing.prometheus import ensure_prometheus as e; print('prometheus:', e())" \
 		|| echo "prometheus unavailable: the tests that need it will say so and skip"
 
-unit: $(STAMP) prometheus
+# The remote tier tests start their own redis-server processes (Debian's package; installed when
+# root, its own service left stopped).
+redis: $(STAMP)
+	@$(PY) -c "from tests.support.redis_servers import ensure_redis_server as e; print('redis:', *e())" \
+		|| echo "redis-server unavailable: the tests that need it will say so and skip"
+
+unit: $(STAMP) prometheus redis
 	$(VENV)/bin/pytest -q
 
 test: lint unit

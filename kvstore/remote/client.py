@@ -1,0 +1,468 @@
+"""`RemoteStore`: batched, bounded, breaker-guarded access to a Redis server or Redis Cluster.
+
+Guarantees, for every call:
+- It returns within `remote_timeout_ms` of being called (connecting included), whatever the
+  server does: dead, hung (SIGSTOP), restarting, refusing connections.
+- One round trip per node: the keys of a batch are grouped by the master that serves them and
+  each group goes out as one pipeline; the groups run concurrently.
+- A node whose circuit breaker is open costs nothing: its keys are misses (`exists_many` False,
+  `get_many` None, `put_many`/`delete_many` False) at once, no I/O. A dead master of a cluster
+  costs only its own slots.
+- The data path never raises for an unavailable server; the administrative calls (`scan_keys`,
+  descriptors) raise `RemoteUnavailableError` so a CLI can say so.
+- An unreachable server at `connect()` is a warning and an open breaker, not an exception; the
+  store reconnects by itself after the backoff. Refused credentials raise `RemoteAuthError`
+  naming `remote_password_env`, never the password.
+
+Threading: one asyncio event loop (the tier service's) owns a store; it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+from redis import exceptions as rexc
+
+from kvstore.remote._backends import (
+    UNASSIGNED,
+    AnyPipeline,
+    Backend,
+    NodeAddress,
+    open_backend,
+)
+from kvstore.remote.breaker import BreakerState, CircuitBreaker
+from kvstore.remote.codec import descriptor_key
+from kvstore.remote.config import RemoteConfig
+from kvstore.remote.errors import (
+    RemoteAuthError,
+    RemoteConfigError,
+    RemoteUnavailableError,
+)
+from kvstore.remote.stats import RemoteObserver, RemoteStats
+
+__all__ = ["RemoteStore"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_NODE_DOWN = (
+    rexc.ConnectionError,  # refused, reset, busy loading, max connections
+    rexc.TimeoutError,
+    TimeoutError,
+    OSError,
+    rexc.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    rexc.TryAgainError,
+    rexc.RedisClusterException,  # no reachable startup node, slot not covered
+)
+"""Errors that say the node, not the command, is unwell: they count against its breaker."""
+
+
+DOWN: Any = object()
+"""A key's result when its node was unavailable (breaker open, failed, timed out)."""
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+def _auth_error(config: RemoteConfig, exc: BaseException) -> RemoteAuthError:
+    where = config.endpoint.display()
+    if config.password_env is None:
+        hint = (
+            "the server requires a password: set remote_password_env to the name of an "
+            "environment variable holding it"
+        )
+    else:
+        hint = f"the password in ${config.password_env} was refused"
+    return RemoteAuthError(f"remote_password_env: {where}: {hint} ({_describe(exc)})")
+
+
+class RemoteStore:
+    """Raw byte values under raw Redis keys (the codec and namespaces live in
+    `RemoteChunks`); see the module docstring for what every call guarantees."""
+
+    def __init__(
+        self,
+        config: RemoteConfig,
+        *,
+        observer: RemoteObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.stats = RemoteStats()
+        self._observer = observer
+        self._clock = clock
+        self._timeout_s = config.timeout_s
+        self._backend: Backend | None = None
+        self._open_lock = asyncio.Lock()
+        self._is_closed = False
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._seed_name = ",".join(config.endpoint.addresses)
+        self._seed = self._make_breaker(self._seed_name)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def is_connected(self) -> bool:
+        return self._backend is not None
+
+    @property
+    def is_cluster(self) -> bool | None:
+        """Cluster mode as the server reported it; None until connected."""
+        return None if self._backend is None else self._backend.is_cluster
+
+    def breaker_states(self) -> dict[str, BreakerState]:
+        """Each node's breaker (the seed address(es) until connected), for the gauge."""
+        if self._backend is None:
+            return {self._seed_name: self._seed.state}
+        masters = [m.name for m in self._backend.masters()]
+        return {name: self._breaker(name).state for name in masters}
+
+    def masters(self) -> list[NodeAddress]:
+        """The masters as last seen (empty until connected)."""
+        return [] if self._backend is None else self._backend.masters()
+
+    def report_rejected(self, kind: str) -> None:
+        """Count a stored value that failed verification (see `RemoteChunks`)."""
+        self.stats.value_rejected(kind)
+        if self._observer is not None:
+            self._observer.value_rejected(kind)
+
+    def _make_breaker(self, name: str) -> CircuitBreaker:
+        return CircuitBreaker(
+            name,
+            failure_threshold=self.config.breaker_failures,
+            backoff_s=self.config.breaker_backoff_s,
+            backoff_max_s=self.config.breaker_backoff_max_s,
+            clock=self._clock,
+            on_change=self._breaker_changed,
+        )
+
+    def _breaker(self, node: str) -> CircuitBreaker:
+        if node == self._seed_name:
+            return self._seed  # a standalone server: its seed breaker is its node breaker
+        breaker = self._breakers.get(node)
+        if breaker is None:
+            breaker = self._breakers[node] = self._make_breaker(node)
+        return breaker
+
+    def _breaker_changed(self, node: str, state: BreakerState) -> None:
+        self.stats.breaker_changed(node, state)
+        if self._observer is not None:
+            self._observer.breaker_changed(node, state)
+
+    def _observe(
+        self, op: str, node: str, num_keys: int, num_bytes: int, started: float, ok: bool
+    ) -> None:
+        duration_s = time.perf_counter() - started
+        self.stats.round_trip(op, node, num_keys, num_bytes, duration_s, ok)
+        if self._observer is not None:
+            self._observer.round_trip(op, node, num_keys, num_bytes, duration_s, ok)
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self._timeout_s
+
+    async def connect(self) -> bool:
+        """Connect and detect cluster mode, within the timeout. False (a warning, the breaker
+        open, retried later by the calls themselves) when the server is unreachable; raises
+        `RemoteAuthError` for refused credentials, `RemoteConfigError` for a URL that does not
+        match the server (a seed list pointing at a standalone server)."""
+        if self._backend is not None:
+            return True
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout_s), self._open_lock:
+                if self._backend is None:
+                    self._backend = await open_backend(self.config)
+        except rexc.AuthenticationError as exc:
+            raise _auth_error(self.config, exc) from None
+        except _NODE_DOWN as exc:
+            self._observe("connect", self._seed_name, 0, 0, started, False)
+            self._seed.trip(f"unreachable at start: {_describe(exc)}")
+            logger.warning(
+                "remote tier %s unreachable at start (%s); serving from the local tiers, "
+                "retrying in %.3g s",
+                self.config.endpoint.display(),
+                _describe(exc),
+                self._seed.retry_in_s,
+            )
+            return False
+        self._observe("connect", self._seed_name, 0, 0, started, True)
+        self._seed.record_success()
+        logger.info(
+            "remote tier %s connected (%s)",
+            self.config.endpoint.display(),
+            "cluster" if self._backend.is_cluster else "standalone",
+        )
+        return True
+
+    async def _ensure_backend(self) -> Backend | None:
+        """The backend, connecting now if allowed (the seed breaker paces reconnects)."""
+        if self._backend is not None or self._is_closed:
+            return self._backend
+        if not self._seed.allow():
+            return None
+        started = time.perf_counter()
+        try:
+            async with self._open_lock:
+                if self._backend is None:
+                    self._backend = await open_backend(self.config)
+        except (rexc.AuthenticationError, RemoteConfigError) as exc:
+            auth = isinstance(exc, rexc.AuthenticationError)
+            logger.error(
+                "remote tier: reconnecting failed: %s",
+                _auth_error(self.config, exc) if auth else exc,
+            )
+            self._seed.record_failure(type(exc).__name__)
+            return None
+        except _NODE_DOWN as exc:
+            self._observe("connect", self._seed_name, 0, 0, started, False)
+            self._seed.record_failure(_describe(exc))
+            return None
+        except BaseException:
+            self._seed.abandon()
+            raise
+        self._observe("connect", self._seed_name, 0, 0, started, True)
+        self._seed.record_success()
+        return self._backend
+
+    async def _backend_by(self, deadline: float) -> Backend | None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._ensure_backend()
+        except TimeoutError:
+            self._seed.record_failure(f"no answer within {self._timeout_s * 1000:.0f} ms")
+            return None
+
+    async def ensure_connected(self) -> bool:
+        """Connected, or connected now if the breaker allows a try (within the timeout)."""
+        return await self._backend_by(self._deadline()) is not None
+
+    # -- one pipeline per node -----------------------------------------------------------------
+
+    async def _node_call(
+        self,
+        op: str,
+        backend: Backend,
+        node: str,
+        build: Callable[[AnyPipeline], None],
+        num_keys: int,
+        measure: Callable[[list[Any]], int],
+    ) -> list[Any] | None:
+        """Run one node's pipeline; None when the node is down (breaker open or a failure)."""
+        if node == UNASSIGNED:
+            return None
+        breaker = self._breaker(node)
+        if not breaker.allow():
+            return None
+        started = time.perf_counter()
+        try:
+            pipe = backend.pipeline(node)
+            build(pipe)
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        except rexc.AuthenticationError as exc:
+            failure = _describe(_auth_error(self.config, exc))
+        except _NODE_DOWN as exc:
+            failure = _describe(exc)
+        except BaseException:  # cancelled (our deadline or the caller): not the node's verdict
+            self._observe(op, node, num_keys, 0, started, False)
+            breaker.abandon()
+            raise
+        else:
+            down = [r for r in results if isinstance(r, _NODE_DOWN)]
+            if not down or len(down) < len(results):
+                self._observe(op, node, num_keys, measure(results), started, True)
+                breaker.record_success()
+                return results
+            failure = _describe(down[0])
+        self._observe(op, node, num_keys, 0, started, False)
+        breaker.record_failure(failure)
+        return None
+
+    async def _batched(
+        self,
+        op: str,
+        keys: Sequence[bytes],
+        build: Callable[[AnyPipeline, Sequence[int]], object],
+        measure: Callable[[Sequence[int], list[Any]], int] = lambda indexes, results: 0,
+    ) -> list[Any]:
+        """Per key: its pipeline result, or DOWN where its node was unavailable."""
+        out: list[Any] = [DOWN] * len(keys)
+        if not keys:
+            return out
+        deadline = self._deadline()
+        backend = await self._backend_by(deadline)
+        if backend is None:
+            return out
+        groups = backend.group(keys)
+
+        async def run(node: str, indexes: list[int]) -> None:
+            def build_group(pipe: AnyPipeline) -> None:
+                build(pipe, indexes)
+
+            def measure_group(results: list[Any]) -> int:
+                return measure(indexes, results)
+
+            try:
+                async with asyncio.timeout_at(deadline):
+                    results = await self._node_call(
+                        op, backend, node, build_group, len(indexes), measure_group
+                    )
+            except TimeoutError:
+                breaker = self._breaker(node)
+                breaker.record_failure(f"no answer within {self._timeout_s * 1000:.0f} ms")
+                return
+            if results is not None:
+                for index, result in zip(indexes, results, strict=True):
+                    out[index] = result
+
+        await asyncio.gather(*(run(node, indexes) for node, indexes in groups.items()))
+        return out
+
+    # -- the data path -------------------------------------------------------------------------
+
+    async def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Which keys exist; False for keys of unavailable nodes."""
+
+        def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
+            for i in indexes:
+                pipe.exists(keys[i])
+
+        results = await self._batched("exists", keys, build)
+        return [isinstance(r, int) and r > 0 for r in results]
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Each key's value; None for a missing key or one of an unavailable node."""
+
+        def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
+            for i in indexes:
+                pipe.get(keys[i])
+
+        def measure(indexes: Sequence[int], results: list[Any]) -> int:
+            return sum(len(r) for r in results if isinstance(r, bytes))
+
+        results = await self._batched("get", keys, build, measure)
+        return [r if isinstance(r, bytes) else None for r in results]
+
+    async def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """SET each key to its value; True where the write landed. False for every item when
+        `remote_write` is false."""
+        if not self.config.enable_write:
+            return [False] * len(items)
+        keys = [key for key, _ in items]
+
+        def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
+            for i in indexes:
+                pipe.set(items[i][0], items[i][1])
+
+        def measure(indexes: Sequence[int], results: list[Any]) -> int:
+            return sum(len(items[i][1]) for i, r in zip(indexes, results, strict=True) if r is True)
+
+        results = await self._batched("put", keys, build, measure)
+        for result in results:
+            if isinstance(result, rexc.ResponseError):  # e.g. OOM under noeviction
+                logger.debug("remote put refused: %s", _describe(result))
+        return [r is True for r in results]
+
+    async def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """DEL each key; True where a key was deleted (False: absent, or node unavailable).
+        Not gated by `remote_write`: a read-only replica still deletes corrupt values."""
+
+        def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
+            for i in indexes:
+                pipe.delete(keys[i])
+
+        results = await self._batched("delete", keys, build)
+        return [isinstance(r, int) and r > 0 for r in results]
+
+    # -- administrative ------------------------------------------------------------------------
+
+    async def _one(self, op: str, key: bytes, build: Callable[[AnyPipeline], object]) -> Any:
+        (result,) = await self._batched(op, [key], lambda pipe, _: build(pipe))
+        if result is DOWN:
+            raise RemoteUnavailableError(
+                f"remote {self.config.endpoint.display()}: the node serving {key!r} is unavailable"
+            )
+        if isinstance(result, Exception):
+            raise RemoteUnavailableError(f"remote {op} of {key!r}: {_describe(result)}")
+        return result
+
+    async def put_descriptor(self, namespace_id: str, descriptor_json: bytes) -> bool:
+        """Store a namespace's descriptor unless one is there (SET NX); True when written.
+        Raises RemoteUnavailableError when the server cannot be reached."""
+        if not self.config.enable_write:
+            return False
+        key = descriptor_key(namespace_id)
+        result = await self._one("descriptor", key, lambda p: p.set(key, descriptor_json, nx=True))
+        return result is True
+
+    async def get_descriptor(self, namespace_id: str) -> bytes | None:
+        """A namespace's descriptor (JSON bytes), None if absent. Raises
+        RemoteUnavailableError when the server cannot be reached."""
+        key = descriptor_key(namespace_id)
+        result = await self._one("descriptor", key, lambda p: p.get(key))
+        return result if isinstance(result, bytes) else None
+
+    async def scan_keys(self, match: bytes, *, count: int | None = None) -> AsyncIterator[bytes]:
+        """Every key matching `match`, with SCAN (never KEYS) on every master, one bounded
+        round trip per SCAN page. Raises RemoteUnavailableError when a master is unavailable
+        (a partial listing would look complete)."""
+        backend = await self._backend_by(self._deadline())
+        if backend is None:
+            raise RemoteUnavailableError(f"remote {self.config.endpoint.display()} is unavailable")
+        for master in backend.masters():
+            async for key in self._scan_node(backend, master.name, match, count):
+                yield key
+
+    async def _scan_node(
+        self, backend: Backend, node: str, match: bytes, count: int | None
+    ) -> AsyncIterator[bytes]:
+        client = backend.node_client(node)
+        breaker = self._breaker(node)
+        cursor = 0
+        while True:
+            if not breaker.allow():
+                raise RemoteUnavailableError(f"remote node {node} is unavailable (breaker open)")
+            started = time.perf_counter()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    cursor, keys = await client.scan(
+                        cursor, match=match, count=count or self.config.scan_count
+                    )
+            except (*_NODE_DOWN, rexc.ResponseError) as exc:
+                self._observe("scan", node, 0, 0, started, False)
+                breaker.record_failure(_describe(exc))
+                raise RemoteUnavailableError(
+                    f"remote node {node}: SCAN failed: {_describe(exc)}"
+                ) from None
+            except BaseException:
+                breaker.abandon()
+                raise
+            self._observe("scan", node, len(keys), 0, started, True)
+            breaker.record_success()
+            for key in keys:
+                yield key if isinstance(key, bytes) else key.encode()
+            if int(cursor) == 0:
+                return
+
+    async def close(self) -> None:
+        """Close every connection; later calls are misses (and administrative ones raise)."""
+        self._is_closed = True
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            await backend.aclose()
+
+    async def __aenter__(self) -> RemoteStore:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
