@@ -24,6 +24,7 @@ from kvstore.remote.errors import (
     RemoteValueError,
     RemoteVersionError,
 )
+from kvstore.remote.removals import RemovalSink, RemovalWatcher
 from kvstore.remote.stats import RemoteObserver, RemoteStats
 from kvstore.remote.url import RemoteEndpoint, parse_remote_url
 
@@ -32,6 +33,8 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "RemoteAuthError",
+    "RemovalSink",
+    "RemovalWatcher",
     "RemoteChunks",
     "RemoteConfig",
     "RemoteConfigError",
