@@ -1,4 +1,4 @@
-"""`kvstore bench`: run the benchmark suites of a source checkout (`benchmarks/`).
+"""`kvstore bench`: run the benchmark suites (`kvstore.bench`, or `benchmarks/` of a checkout).
 
 Every suite measures against a baseline in the same run (raw copies, raw file I/O, recompute),
 because shared machines are noisy; results and their reading are in `benchmarks/README.md`.
@@ -6,6 +6,7 @@ because shared machines are noisy; results and their reading are in `benchmarks/
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from enum import StrEnum
@@ -31,18 +32,25 @@ def bench(
     ctx: typer.Context,
     suite: Annotated[Suite, typer.Argument(help="Which suite to run.")] = Suite.ALL,
 ) -> None:
-    """Run benchmark suites (extra arguments go to the suite's script)."""
-    if not _BENCH_DIR.is_dir():
-        typer.echo(
-            f"error: no benchmarks/ beside this kvstore ({_BENCH_DIR}); run from a source checkout",
-            err=True,
-        )
-        raise typer.Exit(2)
+    """Run benchmark suites (extra arguments go to the suite, e.g. `connector --check`)."""
     suites = [s for s in Suite if s is not Suite.ALL] if suite is Suite.ALL else [suite]
     for name in suites:
-        script = _BENCH_DIR / f"bench_{name.value}.py"
-        typer.echo(f"== {name.value}: {script}", err=True)
-        done = subprocess.run([sys.executable, str(script), *ctx.args], check=False)
+        command = _command(name)
+        typer.echo(f"== {name.value}: {' '.join(command[1:])}", err=True)
+        done = subprocess.run([*command, *ctx.args], check=False)
         if done.returncode != 0:
             typer.echo(f"error: suite {name.value} exited {done.returncode}", err=True)
             raise typer.Exit(1)
+
+
+def _command(suite: Suite) -> list[str]:
+    """The packaged suite when there is one, else the source checkout's script."""
+    if importlib.util.find_spec(f"kvstore.bench.{suite.value}") is not None:
+        return [sys.executable, "-m", f"kvstore.bench.{suite.value}"]
+    script = _BENCH_DIR / f"bench_{suite.value}.py"
+    if not script.is_file():
+        typer.echo(
+            f"error: suite {suite.value} needs a source checkout ({script} not found)", err=True
+        )
+        raise typer.Exit(2)
+    return [sys.executable, str(script)]

@@ -1,0 +1,142 @@
+"""Engines for the connector benchmark: real vLLM CPU engines in their own processes.
+
+Each `BenchEngine` is a `vllm.LLM` in vLLM's default multiprocessing mode (its EngineCore, and
+with it kvstore's scheduler and worker halves, runs in a child process), so two engines, one
+with kvstore and one without, stay up side by side and the benchmark can interleave their
+measurements. What kvstore did is read from its metrics endpoint, as an operator would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvstore.tiny_model import TinyLlamaSpec
+from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config
+
+__all__ = ["BENCH_SPEC", "BenchEngine", "bench_engine", "free_port", "synthetic_prompt"]
+
+BENCH_SPEC = TinyLlamaSpec(
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=16384,
+)
+"""An 8-layer random Llama with 16 KiB of KV per token: prefill is real work on a CPU."""
+
+SETTLE_S = 0.3
+"""Pause between two measurements: lets the previous engine's OpenMP threads stop spinning."""
+
+
+def synthetic_prompt(seed: int, num_tokens: int) -> list[int]:
+    """A deterministic prompt; different seeds share no prefix."""
+    vocab = BENCH_SPEC.vocab_size - 3
+    return [(7919 * i + 104729 * seed + seed * seed) % vocab + 3 for i in range(num_tokens)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class BenchEngine:
+    """A running engine; `metrics_url` is set when kvstore is on."""
+
+    llm: Any
+    metrics_url: str | None = None
+
+    def ttft_s(self, prompt: Sequence[int]) -> float:
+        """Seconds until the first generated token of `prompt` (a one-token generate)."""
+        time.sleep(SETTLE_S)
+        start = time.perf_counter()
+        generate_greedy(self.llm, [prompt], max_tokens=1)
+        return time.perf_counter() - start
+
+    def batch_s(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> float:
+        time.sleep(SETTLE_S)
+        start = time.perf_counter()
+        generate_greedy(self.llm, prompts, max_tokens=max_tokens)
+        return time.perf_counter() - start
+
+    def reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests in flight?)")
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """kvstore's metrics: (sample name, sorted labels) -> value."""
+        if self.metrics_url is None:
+            raise RuntimeError("this engine runs without kvstore")
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def hit_tokens(self) -> tuple[float, float]:
+        """kvstore's hit tokens so far: (CPU tier, disk tier)."""
+        samples = self.metrics()
+        return (
+            samples.get(("kvstore_hit_tokens_total", (("tier", "cpu"),)), 0.0),
+            samples.get(("kvstore_hit_tokens_total", (("tier", "disk"),)), 0.0),
+        )
+
+    def wait_settled(self, timeout_s: float = 120.0) -> None:
+        """Wait until kvstore's write-through queue is empty and the disk tier stops growing."""
+        deadline = time.monotonic() + timeout_s
+        last = -1.0
+        while time.monotonic() < deadline:
+            depth = self.metric("kvstore_queue_depth", queue="write_through")
+            stored = self.metric("kvstore_stored_chunks_total", tier="disk")
+            if depth == 0 and stored == last:
+                return
+            last = stored
+            time.sleep(0.2)
+        raise TimeoutError(f"kvstore's disk writes did not settle in {timeout_s} s")
+
+
+@contextlib.contextmanager
+def bench_engine(
+    model: Path,
+    num_tokens: int,
+    *,
+    kv_cache_tokens: int | None = None,
+    kvstore: Mapping[str, Any] | None = None,
+) -> Iterator[BenchEngine]:
+    """An engine for prompts of up to `num_tokens` whose own KV cache holds `kv_cache_tokens`
+    (two such prompts by default); kvstore on when `kvstore` (its `kv_connector_extra_config`)
+    is given."""
+    kv_bytes = (kv_cache_tokens or 2 * num_tokens) * BENCH_SPEC.kv_bytes_per_token
+    metrics_url = None
+    transfer = None
+    if kvstore is not None:
+        port = free_port()
+        transfer = kv_transfer_config(metrics_port=port, **kvstore)
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    with engine(
+        model,
+        kv_transfer=transfer,
+        kv_cache_bytes=kv_bytes,
+        max_model_len=num_tokens + 64,
+        multiprocess=True,
+    ) as llm:
+        yield BenchEngine(llm, metrics_url)
