@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from redis import exceptions as rexc
 
@@ -34,53 +34,19 @@ from kvstore.remote._backends import (
     NodeAddress,
     open_backend,
 )
-from kvstore.remote.breaker import BreakerState, CircuitBreaker
+from kvstore.remote._health import NODE_DOWN, NodeHealth, auth_error, describe
+from kvstore.remote.breaker import BreakerState
 from kvstore.remote.codec import descriptor_key
 from kvstore.remote.config import RemoteConfig
-from kvstore.remote.errors import (
-    RemoteAuthError,
-    RemoteConfigError,
-    RemoteUnavailableError,
-)
-from kvstore.remote.stats import RemoteObserver, RemoteStats
+from kvstore.remote.errors import RemoteConfigError, RemoteUnavailableError
+from kvstore.remote.stats import RemoteObserver
 
 __all__ = ["RemoteStore"]
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-_NODE_DOWN = (
-    rexc.ConnectionError,  # refused, reset, busy loading, max connections
-    rexc.TimeoutError,
-    TimeoutError,
-    OSError,
-    rexc.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
-    rexc.TryAgainError,
-    rexc.RedisClusterException,  # no reachable startup node, slot not covered
-)
-"""Errors that say the node, not the command, is unwell: they count against its breaker."""
-
-
 DOWN: Any = object()
 """A key's result when its node was unavailable (breaker open, failed, timed out)."""
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:200]
-
-
-def _auth_error(config: RemoteConfig, exc: BaseException) -> RemoteAuthError:
-    where = config.endpoint.display()
-    if config.password_env is None:
-        hint = (
-            "the server requires a password: set remote_password_env to the name of an "
-            "environment variable holding it"
-        )
-    else:
-        hint = f"the password in ${config.password_env} was refused"
-    return RemoteAuthError(f"remote_password_env: {where}: {hint} ({_describe(exc)})")
 
 
 class RemoteStore:
@@ -95,16 +61,16 @@ class RemoteStore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self.stats = RemoteStats()
-        self._observer = observer
-        self._clock = clock
+        self._health = NodeHealth(config, observer=observer, clock=clock)
+        self.stats = self._health.stats
+        self._seed = self._health.seed
+        self._seed_name = self._health.seed_name
+        self._breaker = self._health.breaker
+        self._observe = self._health.observe
         self._timeout_s = config.timeout_s
         self._backend: Backend | None = None
         self._open_lock = asyncio.Lock()
         self._is_closed = False
-        self._breakers: dict[str, CircuitBreaker] = {}
-        self._seed_name = ",".join(config.endpoint.addresses)
-        self._seed = self._make_breaker(self._seed_name)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -121,49 +87,15 @@ class RemoteStore:
         """Each node's breaker (the seed address(es) until connected), for the gauge."""
         if self._backend is None:
             return {self._seed_name: self._seed.state}
-        masters = [m.name for m in self._backend.masters()]
-        return {name: self._breaker(name).state for name in masters}
+        return self._health.states([m.name for m in self._backend.masters()])
 
     def masters(self) -> list[NodeAddress]:
         """The masters as last seen (empty until connected)."""
         return [] if self._backend is None else self._backend.masters()
 
     def report_rejected(self, kind: str) -> None:
-        """Count a stored value that failed verification (see `RemoteChunks`)."""
-        self.stats.value_rejected(kind)
-        if self._observer is not None:
-            self._observer.value_rejected(kind)
-
-    def _make_breaker(self, name: str) -> CircuitBreaker:
-        return CircuitBreaker(
-            name,
-            failure_threshold=self.config.breaker_failures,
-            backoff_s=self.config.breaker_backoff_s,
-            backoff_max_s=self.config.breaker_backoff_max_s,
-            clock=self._clock,
-            on_change=self._breaker_changed,
-        )
-
-    def _breaker(self, node: str) -> CircuitBreaker:
-        if node == self._seed_name:
-            return self._seed  # a standalone server: its seed breaker is its node breaker
-        breaker = self._breakers.get(node)
-        if breaker is None:
-            breaker = self._breakers[node] = self._make_breaker(node)
-        return breaker
-
-    def _breaker_changed(self, node: str, state: BreakerState) -> None:
-        self.stats.breaker_changed(node, state)
-        if self._observer is not None:
-            self._observer.breaker_changed(node, state)
-
-    def _observe(
-        self, op: str, node: str, num_keys: int, num_bytes: int, started: float, ok: bool
-    ) -> None:
-        duration_s = time.perf_counter() - started
-        self.stats.round_trip(op, node, num_keys, num_bytes, duration_s, ok)
-        if self._observer is not None:
-            self._observer.round_trip(op, node, num_keys, num_bytes, duration_s, ok)
+        """Count a stored value that failed verification (`RemoteChunks` calls it)."""
+        self._health.report_rejected(kind)
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -183,15 +115,15 @@ class RemoteStore:
                 if self._backend is None:
                     self._backend = await open_backend(self.config)
         except rexc.AuthenticationError as exc:
-            raise _auth_error(self.config, exc) from None
-        except _NODE_DOWN as exc:
+            raise auth_error(self.config, exc) from None
+        except NODE_DOWN as exc:
             self._observe("connect", self._seed_name, 0, 0, started, False)
-            self._seed.trip(f"unreachable at start: {_describe(exc)}")
+            self._seed.trip(f"unreachable at start: {describe(exc)}")
             logger.warning(
                 "remote tier %s unreachable at start (%s); serving from the local tiers, "
                 "retrying in %.3g s",
                 self.config.endpoint.display(),
-                _describe(exc),
+                describe(exc),
                 self._seed.retry_in_s,
             )
             return False
@@ -219,13 +151,13 @@ class RemoteStore:
             auth = isinstance(exc, rexc.AuthenticationError)
             logger.error(
                 "remote tier: reconnecting failed: %s",
-                _auth_error(self.config, exc) if auth else exc,
+                auth_error(self.config, exc) if auth else exc,
             )
             self._seed.record_failure(type(exc).__name__)
             return None
-        except _NODE_DOWN as exc:
+        except NODE_DOWN as exc:
             self._observe("connect", self._seed_name, 0, 0, started, False)
-            self._seed.record_failure(_describe(exc))
+            self._seed.record_failure(describe(exc))
             return None
         except BaseException:
             self._seed.abandon()
@@ -269,20 +201,20 @@ class RemoteStore:
             build(pipe)
             results: list[Any] = await pipe.execute(raise_on_error=False)
         except rexc.AuthenticationError as exc:
-            failure = _describe(_auth_error(self.config, exc))
-        except _NODE_DOWN as exc:
-            failure = _describe(exc)
+            failure = describe(auth_error(self.config, exc))
+        except NODE_DOWN as exc:
+            failure = describe(exc)
         except BaseException:  # cancelled (our deadline or the caller): not the node's verdict
             self._observe(op, node, num_keys, 0, started, False)
             breaker.abandon()
             raise
         else:
-            down = [r for r in results if isinstance(r, _NODE_DOWN)]
+            down = [r for r in results if isinstance(r, NODE_DOWN)]
             if not down or len(down) < len(results):
                 self._observe(op, node, num_keys, measure(results), started, True)
                 breaker.record_success()
                 return results
-            failure = _describe(down[0])
+            failure = describe(down[0])
         self._observe(op, node, num_keys, 0, started, False)
         breaker.record_failure(failure)
         return None
@@ -369,7 +301,7 @@ class RemoteStore:
         results = await self._batched("put", keys, build, measure)
         for result in results:
             if isinstance(result, rexc.ResponseError):  # e.g. OOM under noeviction
-                logger.debug("remote put refused: %s", _describe(result))
+                logger.debug("remote put refused: %s", describe(result))
         return [r is True for r in results]
 
     async def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
@@ -392,7 +324,7 @@ class RemoteStore:
                 f"remote {self.config.endpoint.display()}: the node serving {key!r} is unavailable"
             )
         if isinstance(result, Exception):
-            raise RemoteUnavailableError(f"remote {op} of {key!r}: {_describe(result)}")
+            raise RemoteUnavailableError(f"remote {op} of {key!r}: {describe(result)}")
         return result
 
     async def put_descriptor(self, namespace_id: str, descriptor_json: bytes) -> bool:
@@ -437,11 +369,11 @@ class RemoteStore:
                     cursor, keys = await client.scan(
                         cursor, match=match, count=count or self.config.scan_count
                     )
-            except (*_NODE_DOWN, rexc.ResponseError) as exc:
+            except (*NODE_DOWN, rexc.ResponseError) as exc:
                 self._observe("scan", node, 0, 0, started, False)
-                breaker.record_failure(_describe(exc))
+                breaker.record_failure(describe(exc))
                 raise RemoteUnavailableError(
-                    f"remote node {node}: SCAN failed: {_describe(exc)}"
+                    f"remote node {node}: SCAN failed: {describe(exc)}"
                 ) from None
             except BaseException:
                 breaker.abandon()

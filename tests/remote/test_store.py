@@ -57,6 +57,21 @@ async def test_database_number_is_honoured(server: RedisServer) -> None:
         assert client.get(b"k") == b"v"
 
 
+async def test_unix_socket() -> None:
+    from tests.support.redis_servers import redis_server
+
+    with redis_server(extra_args=["--unixsocket", "redis.sock", "--unixsocketperm", "700"]) as srv:
+        url = f"unix://{srv.workdir / 'redis.sock'}?db=2"
+        async with RemoteStore(make_config(url)) as store:
+            assert store.is_cluster is False
+            assert await store.put_many([(b"k", b"v")]) == [True]
+            assert await store.get_many([b"k"]) == [b"v"]
+            assert [k async for k in store.scan_keys(b"*")] == [b"k"]
+        with srv.client() as client:
+            client.select(2)  # type: ignore[no-untyped-call]
+            assert client.get(b"k") == b"v"
+
+
 async def test_read_only_replica_never_writes(server: RedisServer) -> None:
     async with RemoteStore(make_config(server.url, remote_write=False)) as store:
         assert await store.put_many(items(3)) == [False] * 3
