@@ -35,6 +35,7 @@ __all__ = [
     "StandaloneBackend",
     "client_kwargs",
     "open_backend",
+    "split_by_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ def client_kwargs(config: RemoteConfig, *, socket_timeout_s: float | None) -> di
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
         "client_name": "kvstore",
+        # Values are MiBs: 1 MiB socket reads took a 4 MiB GET from 12 to 4.6 ms (loopback).
+        "socket_read_size": 1 << 20,
     }
     if endpoint.tls:
         options = dict(endpoint.tls_options)
@@ -160,6 +163,23 @@ class ClusterBackend:
 
 
 Backend = StandaloneBackend | ClusterBackend
+
+
+def split_by_bytes(
+    indexes: list[int], sizes: Sequence[int] | None, limit: int
+) -> list[Sequence[int]]:
+    """`indexes` cut into runs of at most `limit` bytes (at least one key each)."""
+    if sizes is None:
+        return [indexes]
+    parts: list[Sequence[int]] = []
+    start, total = 0, 0
+    for position, index in enumerate(indexes):
+        if position > start and total + sizes[index] > limit:
+            parts.append(indexes[start:position])
+            start, total = position, 0
+        total += sizes[index]
+    parts.append(indexes[start:])
+    return parts
 
 
 async def _detect_cluster(client: Redis) -> bool:

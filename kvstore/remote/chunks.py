@@ -70,7 +70,9 @@ class RemoteChunks:
 
     async def load(self, keys: Sequence[BlockKey]) -> list[memoryview | None]:
         """Each chunk's verified payload (a view of the fetched value), None for a miss."""
-        values = await self.store.get_many([self.redis_key(k) for k in keys])
+        values = await self.store.get_many(
+            [self.redis_key(k) for k in keys], value_bytes=self._value_bytes()
+        )
         payloads: list[memoryview | None] = []
         rejected: list[BlockKey] = []
         for key, value in zip(keys, values, strict=True):
@@ -90,7 +92,9 @@ class RemoteChunks:
         leaves its buffer untouched."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
-        values = await self.store.get_many([self.redis_key(k) for k in keys])
+        values = await self.store.get_many(
+            [self.redis_key(k) for k in keys], value_bytes=self._value_bytes()
+        )
         loaded: list[bool] = []
         rejected: list[BlockKey] = []
         for key, value, out in zip(keys, values, outs, strict=True):
@@ -104,6 +108,11 @@ class RemoteChunks:
             loaded.append(ok)
         await self._delete_rejected(rejected)
         return loaded
+
+    def _value_bytes(self) -> int | None:
+        if self.descriptor is None:
+            return None
+        return codec.HEADER.size + self.descriptor.row_bytes
 
     def _reject(self, key: BlockKey, exc: RemoteValueError, rejected: list[BlockKey]) -> None:
         kind = _reject_kind(exc)

@@ -4,7 +4,11 @@ Guarantees, for every call:
 - It returns within `remote_timeout_ms` of being called (connecting included), whatever the
   server does: dead, hung (SIGSTOP), restarting, refusing connections.
 - One round trip per node: the keys of a batch are grouped by the master that serves them and
-  each group goes out as one pipeline; the groups run concurrently.
+  each group goes out as one pipeline; the groups run concurrently. Bulk values are the
+  exception: puts (and gets told the value size) cut a node's group into pipelines of at most
+  `pipeline_bytes` (4 MiB) that follow each other, because Redis serves one 64 MiB pipeline of
+  4 MiB values 1.4x (GET) to 4x (SET) slower than the same values a few at a time (measured on
+  loopback, redis 7.0, hiredis).
 - A node whose circuit breaker is open costs nothing: its keys are misses (`exists_many` False,
   `get_many` None, `put_many`/`delete_many` False) at once, no I/O. A dead master of a cluster
   costs only its own slots.
@@ -33,6 +37,7 @@ from kvstore.remote._backends import (
     Backend,
     NodeAddress,
     open_backend,
+    split_by_bytes,
 )
 from kvstore.remote._health import NODE_DOWN, NodeHealth, auth_error, describe
 from kvstore.remote.breaker import BreakerState
@@ -225,8 +230,14 @@ class RemoteStore:
         keys: Sequence[bytes],
         build: Callable[[AnyPipeline, Sequence[int]], object],
         measure: Callable[[Sequence[int], list[Any]], int] = lambda indexes, results: 0,
+        sizes: Sequence[int] | None = None,
     ) -> list[Any]:
-        """Per key: its pipeline result, or DOWN where its node was unavailable."""
+        """Per key: its pipeline result, or DOWN where its node was unavailable.
+
+        Each node's keys go out as one pipeline, or, when `sizes` (value bytes per key) add up
+        to more than `pipeline_bytes`, as several that follow each other on that node. Nodes run
+        concurrently; everything ends by one deadline.
+        """
         out: list[Any] = [DOWN] * len(keys)
         if not keys:
             return out
@@ -237,6 +248,11 @@ class RemoteStore:
         groups = backend.group(keys)
 
         async def run(node: str, indexes: list[int]) -> None:
+            for part in split_by_bytes(indexes, sizes, self.config.pipeline_bytes):
+                if not await run_part(node, part):
+                    return  # the node failed: the rest of its keys stay DOWN
+
+        async def run_part(node: str, indexes: Sequence[int]) -> bool:
             def build_group(pipe: AnyPipeline) -> None:
                 build(pipe, indexes)
 
@@ -251,10 +267,12 @@ class RemoteStore:
             except TimeoutError:
                 breaker = self._breaker(node)
                 breaker.record_failure(f"no answer within {self._timeout_s * 1000:.0f} ms")
-                return
-            if results is not None:
-                for index, result in zip(indexes, results, strict=True):
-                    out[index] = result
+                return False
+            if results is None:
+                return False
+            for index, result in zip(indexes, results, strict=True):
+                out[index] = result
+            return True
 
         await asyncio.gather(*(run(node, indexes) for node, indexes in groups.items()))
         return out
@@ -271,8 +289,12 @@ class RemoteStore:
         results = await self._batched("exists", keys, build)
         return [isinstance(r, int) and r > 0 for r in results]
 
-    async def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Each key's value; None for a missing key or one of an unavailable node."""
+    async def get_many(
+        self, keys: Sequence[bytes], *, value_bytes: int | None = None
+    ) -> list[bytes | None]:
+        """Each key's value; None for a missing key or one of an unavailable node.
+        `value_bytes`, the expected size of a value, lets large values go out in pipelines
+        of at most `pipeline_bytes` (one round trip per node otherwise)."""
 
         def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
             for i in indexes:
@@ -281,12 +303,14 @@ class RemoteStore:
         def measure(indexes: Sequence[int], results: list[Any]) -> int:
             return sum(len(r) for r in results if isinstance(r, bytes))
 
-        results = await self._batched("get", keys, build, measure)
+        sizes = None if value_bytes is None else [value_bytes] * len(keys)
+        results = await self._batched("get", keys, build, measure, sizes)
         return [r if isinstance(r, bytes) else None for r in results]
 
     async def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """SET each key to its value; True where the write landed. False for every item when
-        `remote_write` is false."""
+        `remote_write` is false. Pipelines hold at most `pipeline_bytes` of values (one per
+        node when the batch is smaller)."""
         if not self.config.enable_write:
             return [False] * len(items)
         keys = [key for key, _ in items]
@@ -298,7 +322,8 @@ class RemoteStore:
         def measure(indexes: Sequence[int], results: list[Any]) -> int:
             return sum(len(items[i][1]) for i, r in zip(indexes, results, strict=True) if r is True)
 
-        results = await self._batched("put", keys, build, measure)
+        sizes = [len(value) for _, value in items]
+        results = await self._batched("put", keys, build, measure, sizes)
         for result in results:
             if isinstance(result, rexc.ResponseError):  # e.g. OOM under noeviction
                 logger.debug("remote put refused: %s", describe(result))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvstore.remote.errors import RemoteConfigError
 from kvstore.remote.url import RemoteEndpoint, parse_remote_url
@@ -92,7 +92,10 @@ class RemoteConfig:
     # Removal subscriptions reconnect with the same doubling backoff.
     subscribe_backoff_s: float = 0.5
     subscribe_backoff_max_s: float = 10.0
-    scan_count: int = field(default=512)
+    scan_count: int = 512
+    # Most value bytes in one pipeline: bigger batches to a node go out as several pipelines
+    # in a row (see RemoteStore); lookups and small values stay one round trip per node.
+    pipeline_bytes: int = 4 << 20
 
     @property
     def timeout_s(self) -> float:

@@ -20,7 +20,7 @@ from .conftest import TIMEOUT_MS, make_config
 
 pytestmark = pytest.mark.redis
 
-BUDGET_S = TIMEOUT_MS / 1000 + 0.3  # the timeout plus scheduling slack on a busy machine
+BUDGET_S = TIMEOUT_MS / 1000 + 0.5  # the timeout plus scheduling slack on a busy 2-core box
 PASSWORD = "correct-horse-battery-staple"
 
 
@@ -54,7 +54,7 @@ async def test_dead_server_at_connect_is_a_warning_and_misses(
         store.delete_many([b"a"]),
     ):
         result, elapsed = await timed(call)
-        assert elapsed < 0.05  # the breaker is open: no I/O at all
+        assert elapsed < 0.1  # the breaker is open: no I/O at all
         assert not any(result)
     await store.close()
 
@@ -91,7 +91,7 @@ async def test_a_hung_server_costs_at_most_the_timeout(server: RedisServer) -> N
                 assert not any(result)
             assert store.breaker_states()[server.address] is BreakerState.OPEN
             _, elapsed = await timed(store.get_many([b"k"]))
-            assert elapsed < 0.05
+            assert elapsed < 0.1
         # resumed: after the backoff a probe succeeds and the breaker closes
 
         async def served() -> bool:
@@ -151,7 +151,7 @@ async def test_killed_cluster_master_costs_only_its_slots(cluster: RedisClusterS
         assert states[victim.address] is BreakerState.OPEN
         assert sum(s is BreakerState.CLOSED for s in states.values()) == 2
         _, elapsed = await timed(store.get_many(keys))
-        assert elapsed < 0.05  # the dead master is skipped at once, the others answer
+        assert elapsed < 0.1  # the dead master is skipped at once, the others answer
         others = [k for k in keys if k not in lost]
         assert await store.put_many([(k, b"x") for k in others]) == [True] * len(others)
 
@@ -179,7 +179,7 @@ async def test_hung_cluster_master_does_not_delay_the_others(
                 assert elapsed < BUDGET_S
                 assert values == [None if k in lost else k for k in keys]
             _, elapsed = await timed(store.exists_many(keys))
-            assert elapsed < 0.05
+            assert elapsed < 0.1
 
 
 async def test_wrong_password_names_the_key_never_the_password(

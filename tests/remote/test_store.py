@@ -35,6 +35,31 @@ async def test_standalone_round_trips(server: RedisServer) -> None:
         assert store.stats.num_failures.total() == 0
 
 
+def testsplit_by_bytes() -> None:
+    from kvstore.remote._backends import split_by_bytes
+
+    sizes = [3, 3, 3, 10, 1, 1]
+    assert split_by_bytes([0, 1, 2, 3, 4, 5], None, 4) == [[0, 1, 2, 3, 4, 5]]
+    assert split_by_bytes([0, 1, 2, 3, 4, 5], sizes, 6) == [[0, 1], [2], [3], [4, 5]]
+    assert split_by_bytes([5, 4], sizes, 100) == [[5, 4]]
+    assert split_by_bytes([3], sizes, 1) == [[3]]
+
+
+async def test_bulk_values_go_out_in_bounded_pipelines(server: RedisServer) -> None:
+    size = 1536 << 10
+    batch = [(b"big:%d" % i, bytes([i]) * size) for i in range(6)]
+    async with RemoteStore(make_config(server.url, pipeline_bytes=4 << 20)) as store:
+        assert await store.put_many(batch) == [True] * 6
+        assert store.stats.num_round_trips["put"] == 3  # 2 values (3 MiB) per pipeline
+        keys = [k for k, _ in batch]
+        assert await store.get_many(keys) == [v for _, v in batch]
+        assert store.stats.num_round_trips["get"] == 1  # size unknown: one pipeline
+        assert await store.get_many(keys, value_bytes=size) == [v for _, v in batch]
+        assert store.stats.num_round_trips["get"] == 4
+        assert await store.exists_many(keys) == [True] * 6
+        assert store.stats.num_round_trips["exists"] == 1
+
+
 async def test_standalone_scan_and_descriptor(server: RedisServer) -> None:
     async with RemoteStore(make_config(server.url)) as store:
         await store.put_many(items(1200, b"kvstore:x") + items(5, b"other"))
