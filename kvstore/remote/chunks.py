@@ -5,6 +5,9 @@ verified (size, xxh64, namespace, key) before a byte reaches the caller's buffer
 fails is a miss, is deleted (unless a newer kvstore wrote it) and is counted; the namespace
 descriptor is written once (SET NX) and re-asserted now and then so an LRU-evicting server does
 not drop it for good.
+
+A damaged value is deleted with a plain DEL: should another engine rewrite the chunk between
+our GET and that DEL, its good copy goes too (a later miss, never bad data).
 """
 
 from __future__ import annotations

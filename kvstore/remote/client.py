@@ -56,7 +56,11 @@ DOWN: Any = object()
 
 class RemoteStore:
     """Raw byte values under raw Redis keys (the codec and namespaces live in
-    `RemoteChunks`); see the module docstring for what every call guarantees."""
+    `RemoteChunks`); see the module docstring for what every call guarantees.
+
+    Threading: owned by one asyncio event loop (the tier service's); NOT thread-safe. Other
+    threads enter through `asyncio.run_coroutine_threadsafe`.
+    """
 
     def __init__(
         self,
@@ -114,6 +118,8 @@ class RemoteStore:
         match the server (a seed list pointing at a standalone server)."""
         if self._backend is not None:
             return True
+        if self._is_closed:
+            return False
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s), self._open_lock:
