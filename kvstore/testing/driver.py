@@ -18,7 +18,7 @@ from typing import Any
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     from kvstore.testing.connector import drain, kvstore_summary
-    from kvstore.vllm.engine import engine, generate_outputs, kv_transfer_config
+    from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config
 
     multiprocess = bool(spec.get("multiprocess", False))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
@@ -27,16 +27,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     model = Path(spec["model_dir"])
     with engine(model, kv_transfer=config, multiprocess=multiprocess, **llm_kwargs) as llm:
         max_tokens = int(spec.get("max_tokens", 8))
-        outputs = generate_outputs(llm, spec["prompts"], max_tokens=max_tokens)
+        outputs, runs = generate_runs(llm, spec["prompts"], max_tokens=max_tokens)
         result: dict[str, Any] = {
-            "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+            "outputs": [list(r.token_ids) for r in runs],
+            "top2_gaps": [list(r.top2_gaps) for r in runs],
             "num_cached_tokens": [o.num_cached_tokens for o in outputs],
         }
         if spec.get("repeat_after_reset"):
             time.sleep(1.0)  # let the engine core settle the stores in the background
             llm.reset_prefix_cache()
-            again = generate_outputs(llm, spec["prompts"], max_tokens=max_tokens)
-            result["repeat_outputs"] = [list(o.outputs[0].token_ids) for o in again]
+            again, again_runs = generate_runs(llm, spec["prompts"], max_tokens=max_tokens)
+            result["repeat_outputs"] = [list(r.token_ids) for r in again_runs]
+            result["repeat_top2_gaps"] = [list(r.top2_gaps) for r in again_runs]
             result["repeat_num_cached_tokens"] = [o.num_cached_tokens for o in again]
         if not multiprocess:
             drain(llm)

@@ -8,14 +8,10 @@ from typing import Any
 import pytest
 
 from kvstore.keys import Tier
+from kvstore.oracle import GreedyRun
 from kvstore.testing.connector import drain, kvstore_summary
-from kvstore.vllm.engine import (
-    engine,
-    generate_greedy,
-    generate_outputs,
-    kv_transfer_config,
-    scheduler_connector,
-)
+from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from tests.support.oracle import assert_audited, assert_same_outputs
 
 pytestmark = pytest.mark.engine
 
@@ -26,11 +22,11 @@ HIT_TOKENS = 192
 
 
 @pytest.fixture(scope="module")
-def baseline(tiny_model_dir: Path) -> dict[str, list[list[int]]]:
-    """Greedy outputs without any connector: a cold run, then one from vLLM's prefix cache."""
+def baseline(tiny_model_dir: Path) -> dict[str, list[GreedyRun]]:
+    """Greedy runs without any connector: a cold run, then one from vLLM's prefix cache."""
     with engine(tiny_model_dir) as llm:
-        cold = generate_greedy(llm, [PROMPT_A, PROMPT_B])
-        warm = generate_greedy(llm, [PROMPT_A, PROMPT_B])
+        _, cold = generate_runs(llm, [PROMPT_A, PROMPT_B])
+        _, warm = generate_runs(llm, [PROMPT_A, PROMPT_B])
     return {"cold": cold, "warm": warm}
 
 
@@ -46,17 +42,18 @@ def _check_clean(llm: Any) -> None:
 
 
 def test_cpu_tier_hit_is_exact(tiny_model_dir: Path, baseline: dict[str, Any]) -> None:
-    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES)
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES, audit_loads=True)
     with engine(tiny_model_dir, kv_transfer=config, disable_log_stats=False) as llm:
-        first = generate_greedy(llm, [PROMPT_A])
+        _, first = generate_runs(llm, [PROMPT_A])
         drain(llm)
         assert llm.reset_prefix_cache()  # forget the engine's own copy: only kvstore has it
-        second = generate_outputs(llm, [PROMPT_A])
+        second, second_runs = generate_runs(llm, [PROMPT_A])
         summary = kvstore_summary(llm)
         vllm_metrics = {m.name: m for m in llm.get_metrics()}
         _check_clean(llm)
-    assert first == [baseline["cold"][0]]
-    assert [list(o.outputs[0].token_ids) for o in second] == [baseline["warm"][0]]
+    assert_same_outputs(baseline["cold"][:1], first)
+    assert_same_outputs(baseline["warm"][:1], second_runs)
+    assert_audited(summary, verified=6)
     assert summary["tiers"]["cpu"]["hit_tokens"] == HIT_TOKENS
     assert summary["tiers"]["disk"]["hit_tokens"] == 0
     assert second[0].num_cached_tokens == HIT_TOKENS
@@ -69,20 +66,24 @@ def test_disk_tier_hit_is_exact(
 ) -> None:
     # 8 CPU rows: PROMPT_B's 6 chunks push most of PROMPT_A's out, so A must come from LMDB.
     config = kv_transfer_config(
-        cpu_bytes=8 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=64 * CHUNK_BYTES
+        cpu_bytes=8 * CHUNK_BYTES,
+        disk_path=str(tmp_path / "store"),
+        disk_bytes=64 * CHUNK_BYTES,
+        audit_loads=True,
     )
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        generate_greedy(llm, [PROMPT_A])
+        generate_runs(llm, [PROMPT_A])
         drain(llm)
-        generate_greedy(llm, [PROMPT_B])
+        generate_runs(llm, [PROMPT_B])
         drain(llm)
         assert llm.reset_prefix_cache()
-        again = generate_greedy(llm, [PROMPT_A])
+        _, again = generate_runs(llm, [PROMPT_A])
         summary = kvstore_summary(llm)
         _check_clean(llm)
         index = scheduler_connector(llm).runtime.index
         assert len(index.ready_keys(Tier.DISK)) == 12
-    assert again == [baseline["warm"][0]]
+    assert_same_outputs(baseline["warm"][:1], again)
+    assert_audited(summary, verified=6)  # disk chunks too: promoted into rows, then loaded
     tiers = summary["tiers"]
     assert tiers["disk"]["hit_tokens"] > 0, summary
     assert tiers["cpu"]["hit_tokens"] + tiers["disk"]["hit_tokens"] == HIT_TOKENS
@@ -94,17 +95,18 @@ def test_partial_first_chunk_loads_only_missing_blocks(
 ) -> None:
     """64-token chunks over 32-token engine blocks: the engine holds the first block of chunk 0,
     kvstore loads the rest of that chunk (from its second block on) and the chunks after it."""
-    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES, block_size=64)
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES, block_size=64, audit_loads=True)
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        generate_greedy(llm, [PROMPT_A])
+        generate_runs(llm, [PROMPT_A])
         drain(llm)
         assert llm.reset_prefix_cache()
-        generate_greedy(llm, [PROMPT_A[:40]])  # the engine caches block 0 of PROMPT_A again
+        generate_runs(llm, [PROMPT_A[:40]])  # the engine caches block 0 of PROMPT_A again
         drain(llm)
-        outputs = generate_outputs(llm, [PROMPT_A])
+        outputs, runs = generate_runs(llm, [PROMPT_A])
         summary = kvstore_summary(llm)
         _check_clean(llm)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == [baseline["warm"][0]]
+    assert_same_outputs(baseline["warm"][:1], runs)
+    assert_audited(summary, verified=3)  # the partial first chunk included
     assert outputs[0].num_cached_tokens == 192
     assert summary["tiers"]["cpu"]["hit_chunks"] == 3
     assert summary["tiers"]["cpu"]["hit_tokens"] == 160  # what the engine did not have

@@ -13,12 +13,8 @@ import pytest
 from kvstore.keys import Tier
 from kvstore.testing.connector import drain, kvstore_summary
 from kvstore.testing.subprocess_run import run_engine_process
-from kvstore.vllm.engine import (
-    engine,
-    generate_greedy,
-    kv_transfer_config,
-    scheduler_connector,
-)
+from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from tests.support.oracle import assert_audited, assert_same_outputs, runs_from
 from tiers.lmdb import LMDBStore
 
 pytestmark = pytest.mark.engine
@@ -66,7 +62,7 @@ def test_restart_serves_from_disk(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert first["summary"]["tiers"]["disk"]["stored_chunks"] == 6
     assert second["summary"]["tiers"]["disk"]["hit_tokens"] == HIT_TOKENS, second["summary"]
     assert second["num_cached_tokens"] == [HIT_TOKENS]
-    assert second["outputs"] == first["outputs"]
+    assert_same_outputs(runs_from(first), runs_from(second))
     with LMDBStore.open(tmp_path / "store", readonly=True, create=False) as store:
         (namespace,) = store.namespaces()
         metas = list(store.iter_meta(namespace))
@@ -80,51 +76,58 @@ def test_corrupt_chunk_is_recomputed_and_counted(tiny_model_dir: Path, tmp_path:
         cpu_bytes=64 * CHUNK_BYTES, disk_path=str(store), disk_bytes=64 * CHUNK_BYTES
     )
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        expected = generate_greedy(llm, [PROMPT])
+        _, expected = generate_runs(llm, [PROMPT])
         drain(llm)
     _flip_first_value(store)
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        got = generate_greedy(llm, [PROMPT])
+        _, got = generate_runs(llm, [PROMPT])
         drain(llm)
         summary = kvstore_summary(llm)
         index = scheduler_connector(llm).runtime.index
         index.check_invariants()
         assert len(index.ready_keys(Tier.DISK)) == 6  # the bad one was rewritten after recompute
-    assert got == expected
+    assert_same_outputs(expected, got)
     assert summary["tiers"]["disk"]["checksum_failures"] == 1, summary
     assert summary["tiers"]["disk"]["hit_tokens"] < HIT_TOKENS
 
 
 def test_tiny_disk_evicts_and_serves_everything(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = kv_transfer_config(
-        cpu_bytes=4 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=5 * CHUNK_BYTES
+        cpu_bytes=4 * CHUNK_BYTES,
+        disk_path=str(tmp_path / "store"),
+        disk_bytes=5 * CHUNK_BYTES,
+        audit_loads=True,
     )
     prompts = _prompts(6, 64, 200, seed=3)
     with engine(tiny_model_dir) as llm:
-        expected = generate_greedy(llm, prompts)
+        _, expected = generate_runs(llm, prompts)
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        got = [generate_greedy(llm, [p])[0] for p in prompts]
+        got = [generate_runs(llm, [p])[1][0] for p in prompts]
         drain(llm)
         summary = kvstore_summary(llm)
         index = scheduler_connector(llm).runtime.index
         index.check_invariants()
         disk = index.stats().disk
-    assert got == expected
+    assert_same_outputs(expected, got)
+    assert_audited(summary)
     assert disk is not None and disk.used_bytes <= 5 * CHUNK_BYTES
     assert summary["tiers"]["disk"]["evicted_chunks"] > 0, summary
 
 
 def test_concurrent_requests_leave_no_pins(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = kv_transfer_config(
-        cpu_bytes=24 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=256 * CHUNK_BYTES
+        cpu_bytes=24 * CHUNK_BYTES,
+        disk_path=str(tmp_path / "store"),
+        disk_bytes=256 * CHUNK_BYTES,
+        audit_loads=True,
     )
     prompts = _prompts(12, 128, 260, seed=1) + _prompts(12, 96, 230, seed=2)
     small = {"kv_cache_bytes": 48 * CHUNK_BYTES, "max_model_len": 512}  # 48 engine blocks: queueing
     with engine(tiny_model_dir, **small) as llm:
-        expected = generate_greedy(llm, prompts)
+        _, expected = generate_runs(llm, prompts)
     with engine(tiny_model_dir, kv_transfer=config, **small) as llm:
-        first = generate_greedy(llm, prompts)
-        second = generate_greedy(llm, list(reversed(prompts)))
+        _, first = generate_runs(llm, prompts)
+        _, second = generate_runs(llm, list(reversed(prompts)))
         drain(llm)
         connector = scheduler_connector(llm)
         index = connector.runtime.index
@@ -135,8 +138,9 @@ def test_concurrent_requests_leave_no_pins(tiny_model_dir: Path, tmp_path: Path)
         assert stats.num_holds == 0
         assert connector.scheduler.num_inflight_jobs == 0
         assert connector.scheduler.num_tracked_requests == 0
-    assert first == expected
-    assert second == list(reversed(expected))
+    assert_same_outputs(expected, first)
+    assert_same_outputs(list(reversed(expected)), second)
+    assert_audited(summary)
     hits = summary["tiers"]["cpu"]["hit_tokens"] + summary["tiers"]["disk"]["hit_tokens"]
     assert hits > 0, summary
 
@@ -157,7 +161,7 @@ def test_multiprocess_engine_loads_from_kvstore(tiny_model_dir: Path, tmp_path: 
         }
     )
     assert result["returncode"] == 0, result["stderr_tail"]
-    assert result["repeat_outputs"] == result["outputs"]
+    assert_same_outputs(runs_from(result), runs_from(result, "repeat_"))
     assert result["repeat_num_cached_tokens"] == [HIT_TOKENS], result["stderr_tail"]
 
 
@@ -176,19 +180,19 @@ def test_rm_on_a_live_store_is_a_miss_and_shutdown_cleans_up(
     other = [(19 * i + 2) % 500 + 5 for i in range(200)]
     cli = [sys.executable, "-c", "from kvstore.cli import main; main()"]
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        expected = generate_greedy(llm, [PROMPT])
+        _, expected = generate_runs(llm, [PROMPT])
         drain(llm)
-        generate_greedy(llm, [other])  # pushes most of PROMPT's chunks out of the CPU tier
+        generate_runs(llm, [other])  # pushes most of PROMPT's chunks out of the CPU tier
         drain(llm)
         assert len(list(region_dir.iterdir())) == 1
         removed = subprocess.run([*cli, "rm", str(store), "--all", "--yes"], check=False)
         assert removed.returncode == 0
         assert llm.reset_prefix_cache()
-        got = generate_greedy(llm, [PROMPT])
+        _, got = generate_runs(llm, [PROMPT])
         drain(llm)
         summary = kvstore_summary(llm)
         scheduler_connector(llm).runtime.index.check_invariants()
-    assert got == expected
+    assert_same_outputs(expected, got)
     assert summary["tiers"]["disk"]["hit_tokens"] == 0, summary
     assert list(region_dir.iterdir()) == []  # the region was removed at shutdown
     verified = subprocess.run(
@@ -217,7 +221,7 @@ def test_tensor_parallel_2_rows_hold_both_ranks(tiny_model_dir: Path, tmp_path: 
         timeout_s=500,
     )
     assert result["returncode"] == 0, result["stderr_tail"]
-    assert result["repeat_outputs"] == result["outputs"]
+    assert_same_outputs(runs_from(result), runs_from(result, "repeat_"))
     assert result["repeat_num_cached_tokens"] == [HIT_TOKENS], result["stderr_tail"]
     with LMDBStore.open(tmp_path / "store", readonly=True, create=False) as store:
         ((namespace, descriptor),) = store.namespaces().items()
@@ -234,14 +238,14 @@ def test_damaged_store_file_degrades_to_the_cpu_tier(tiny_model_dir: Path, tmp_p
         cpu_bytes=64 * CHUNK_BYTES, disk_path=str(store), disk_bytes=64 * CHUNK_BYTES
     )
     with engine(tiny_model_dir, kv_transfer=config) as llm:
-        first = generate_greedy(llm, [PROMPT])
+        _, first = generate_runs(llm, [PROMPT])
         drain(llm)
         assert llm.reset_prefix_cache()
-        again = generate_greedy(llm, [PROMPT])
+        _, again = generate_runs(llm, [PROMPT])
         summary = kvstore_summary(llm)
         registry = scheduler_connector(llm).runtime.registry
         open_errors = registry.get_sample_value("kvstore_io_errors_total", {"op": "open"})
-    assert again == first
+    assert_same_outputs(first, again)
     assert summary["tiers"]["cpu"]["hit_tokens"] == HIT_TOKENS
     assert summary["tiers"]["disk"]["stored_chunks"] == 0
     assert open_errors == 1

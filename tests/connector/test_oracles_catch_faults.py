@@ -1,0 +1,80 @@
+"""The correctness oracles fail for the right reason: a planted fault is reported.
+
+- A CPU row damaged after its chunk was stored: the load audit counts a mismatch, reports the
+  load failed (vLLM recomputes, so no wrong token is served) and the tests' helper fails.
+- Rows swapped between two prompts with the audit off: wrong but valid KV reaches the engine,
+  and the tie-aware token comparison reports a divergence at a clear margin.
+- The demo, with rows damaged between turns, says its check FAILED.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstore.demo.runner import DemoOptions, run_demo
+from kvstore.keys import Tier
+from kvstore.oracle import Verdict, compare_greedy
+from kvstore.testing.connector import drain, kvstore_summary
+from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from tests.support.faults import damage_cpu_rows, swap_cpu_rows
+from tests.support.oracle import assert_audited, assert_same_outputs
+
+pytestmark = pytest.mark.engine
+
+CHUNK_BYTES = 16 << 10
+PROMPT_A = [(7 * i + 3) % 500 + 5 for i in range(200)]
+PROMPT_B = [(11 * i + 1) % 500 + 5 for i in range(200)]
+
+
+def test_audit_catches_a_damaged_row_and_the_load_is_recomputed(tiny_model_dir: Path) -> None:
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES, audit_loads=True)
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        _, reference = generate_runs(llm, [PROMPT_A])
+        drain(llm)
+        runtime = scheduler_connector(llm).runtime
+        assert damage_cpu_rows(runtime, 2) == 2
+        assert llm.reset_prefix_cache()
+        _, again = generate_runs(llm, [PROMPT_A])
+        drain(llm)
+        summary = kvstore_summary(llm)
+    with pytest.raises(AssertionError, match="DIFFERED"):
+        assert_audited(summary)
+    assert summary["load_audit"]["mismatched"] == 2
+    assert summary["load_failed_chunks"] >= 2  # reported to vLLM ...
+    assert_same_outputs(reference, again)  # ... which recomputed: no wrong token served
+
+
+def test_token_oracle_catches_wrong_kv_served_without_the_audit(tiny_model_dir: Path) -> None:
+    config = kv_transfer_config(cpu_bytes=64 * CHUNK_BYTES)
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        _, reference = generate_runs(llm, [PROMPT_A], max_tokens=16)
+        drain(llm)
+        runtime = scheduler_connector(llm).runtime
+        keys_a = sorted(runtime.index.ready_keys(Tier.CPU))
+        generate_runs(llm, [PROMPT_B])
+        drain(llm)
+        keys_b = sorted(runtime.index.ready_keys(Tier.CPU) - set(keys_a))
+        assert len(keys_a) == len(keys_b) == 6
+        swap_cpu_rows(runtime, keys_a, keys_b)
+        assert llm.reset_prefix_cache()
+        _, wrong = generate_runs(llm, [PROMPT_A], max_tokens=16)
+    report = compare_greedy(reference, wrong)
+    assert report.count(Verdict.DIVERGED) == 1, report.describe()
+    with pytest.raises(AssertionError, match="DIVERGED"):
+        assert_same_outputs(reference, wrong)
+
+
+def test_demo_check_fails_when_loaded_rows_are_damaged(tmp_path: Path) -> None:
+    def damage(turn: int, llm: Any) -> None:
+        if turn == 2:  # the next turns load these conversations' prefixes from kvstore
+            damage_cpu_rows(scheduler_connector(llm).runtime, 64)
+
+    options = DemoOptions(directory=tmp_path, num_turns=5, metrics_port=None)
+    result = run_demo(options, on_progress=lambda m: None, after_turn=damage)
+    assert result.audit is not None and result.audit.mismatched > 0
+    assert not result.is_correct
+    assert "DIFFERED" in result.audit.describe()
+    assert result.outputs is not None and result.outputs.is_ok  # recomputed, not served
