@@ -33,6 +33,7 @@ BENCH_SPEC = TinyLlamaSpec(
     num_key_value_heads=8,
     head_dim=64,
     max_position_embeddings=16384,
+    dtype="bfloat16",
 )
 """An 8-layer random Llama with 16 KiB of KV per token: prefill is real work on a CPU."""
 
@@ -137,6 +138,7 @@ def bench_engine(
         kv_transfer=transfer,
         kv_cache_bytes=kv_bytes,
         max_model_len=num_tokens + 64,
+        dtype=BENCH_SPEC.dtype,
         multiprocess=True,
     ) as llm:
         yield BenchEngine(llm, metrics_url)

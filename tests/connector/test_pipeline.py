@@ -10,12 +10,13 @@ import pytest
 from kvstore.keys import Tier
 from kvstore.oracle import GreedyRun
 from kvstore.testing.connector import drain, kvstore_summary
+from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
 from tests.support.oracle import assert_audited, assert_same_outputs
 
 pytestmark = pytest.mark.engine
 
-CHUNK_BYTES = 16 << 10  # tiny Llama: 2 layers x 32 tokens x 2 heads x 2 x 32 dims x bf16
+CHUNK_BYTES = TinyLlamaSpec().kv_bytes_per_token * 32  # one 32-token block, every layer
 PROMPT_A = [(7 * i + 3) % 500 + 5 for i in range(200)]  # 6 full chunks before the last token
 PROMPT_B = [(11 * i + 1) % 500 + 5 for i in range(200)]
 HIT_TOKENS = 192

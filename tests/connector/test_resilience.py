@@ -13,13 +13,14 @@ import pytest
 from kvstore.keys import Tier
 from kvstore.testing.connector import drain, kvstore_summary
 from kvstore.testing.subprocess_run import run_engine_process
+from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
 from tests.support.oracle import assert_audited, assert_same_outputs, runs_from
 from tiers.lmdb import LMDBStore
 
 pytestmark = pytest.mark.engine
 
-CHUNK_BYTES = 16 << 10
+CHUNK_BYTES = TinyLlamaSpec().kv_bytes_per_token * 32  # one 32-token block, every layer
 PROMPT = [(13 * i + 5) % 500 + 5 for i in range(200)]
 HIT_TOKENS = 192
 
@@ -227,7 +228,7 @@ def test_tensor_parallel_2_rows_hold_both_ranks(tiny_model_dir: Path, tmp_path: 
         ((namespace, descriptor),) = store.namespaces().items()
         sizes = {m.size_bytes for m in store.iter_meta(namespace)}
     assert descriptor["tp_size"] == 2
-    assert sizes == {CHUNK_BYTES}  # two 8 KiB rank slices per 16 KiB row
+    assert sizes == {CHUNK_BYTES}  # two half-size rank slices per row
 
 
 def test_damaged_store_file_degrades_to_the_cpu_tier(tiny_model_dir: Path, tmp_path: Path) -> None:

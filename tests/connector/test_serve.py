@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from kvstore.testing.net import free_port
+from kvstore.tiny_model import TinyLlamaSpec
 
 pytestmark = pytest.mark.engine
 
-CHUNK_BYTES = 16 << 10
+CHUNK_BYTES = TinyLlamaSpec().kv_bytes_per_token * 32  # one 32-token block, every layer
 
 
 def _get(url: str) -> str:
@@ -75,7 +76,7 @@ def test_vllm_serve_loads_evicted_prefixes_from_kvstore(
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(tiny_model_dir), "--port", str(port), "--skip-tokenizer-init",
-        "--dtype", "bfloat16", "--max-model-len", "1024", "--enforce-eager",
+        "--dtype", TinyLlamaSpec().dtype, "--max-model-len", "1024", "--enforce-eager",
         "--block-size", "32", "--kv-cache-memory-bytes", str(40 * CHUNK_BYTES),
         "--kv-transfer-config", json.dumps(transfer),
     ]  # fmt: skip

@@ -16,11 +16,12 @@ import zmq
 from kvstore.testing.connector import drain, kvstore_summary
 from kvstore.testing.net import free_port
 from kvstore.testing.prometheus import evaluate_dashboard, run_prometheus
+from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config, scheduler_connector
 
 pytestmark = pytest.mark.engine
 
-CHUNK_BYTES = 16 << 10
+CHUNK_BYTES = TinyLlamaSpec().kv_bytes_per_token * 32  # one 32-token block, every layer
 
 
 def _prompt(i: int, length: int = 200) -> list[int]:
