@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   - the main job: the real vLLM CPU engine with KVStoreConnector on a multi-turn workload
 #   make test   - lint, type-check and the whole test suite
+#   make reliability - break the store on purpose (issue 13); writes RELIABILITY.md
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check kvstore tiers tests benchmarks
+	$(VENV)/bin/ruff check kvstore tiers tests benchmarks reliability
 	$(VENV)/bin/mypy
 
 # The dashboard tests scrape a real Prometheus (Debian's package; installed when root).
@@ -46,5 +47,13 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/kvstore bench
 
+# Every scenario with full trial counts (each in its own process, under a time limit); the
+# figures go to RELIABILITY.md. The smoke runs each with tiny counts and writes .reliability/.
+reliability: $(STAMP)
+	$(PY) -m reliability
+
+reliability-smoke: $(STAMP)
+	$(PY) -m reliability --smoke
+
 clean:
-	rm -rf .kvstore .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .kvstore .pytest_cache .mypy_cache .ruff_cache .reliability
