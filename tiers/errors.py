@@ -5,6 +5,7 @@
     ├── RegionError           the shared CPU region: live owner, size mismatch, bad header
     ├── CorruptionError       a stored value fails its checksum or has the wrong size
     ├── StoreFullError        a put would exceed the store's capacity (nothing was written)
+    ├── StoreDamagedError     a store record (format, capacity, namespace, counts) cannot be decoded
     └── NamespaceError        unknown namespace, descriptor mismatch, incompatible store format
 
 Expected outcomes are not errors: a missing key is `None`, not an exception.
@@ -16,6 +17,7 @@ __all__ = [
     "CorruptionError",
     "NamespaceError",
     "RegionError",
+    "StoreDamagedError",
     "StoreFullError",
     "TierConfigError",
     "TierError",
@@ -50,6 +52,11 @@ class StoreFullError(TierError):
         super().__init__(message)
         self.requested_bytes = requested_bytes
         self.free_bytes = free_bytes
+
+
+class StoreDamagedError(TierError):
+    """A record the store keeps about itself (format, capacity, a namespace registration, the
+    per-namespace counts) cannot be decoded: the store file is damaged."""
 
 
 class NamespaceError(TierError):

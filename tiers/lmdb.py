@@ -144,30 +144,27 @@ class LMDBStore:
         normalized = normalize_descriptor(descriptor)
         with self._write_txn() as txn:
             shared = self._env()
-            raw = txn.get(name, db=shared.dbs[b"namespaces"])
-            if raw is not None:
-                stored = msgspec.msgpack.decode(raw)["descriptor"]
-                if stored != normalized:
+            stored = _lmdb_records.namespace_record(txn, shared, namespace)
+            if stored is not None:
+                if stored.descriptor != normalized:
                     raise NamespaceError(
                         f"namespace {namespace!r} is registered with a different descriptor: "
-                        f"stored {stored}, given {normalized}"
+                        f"stored {stored.descriptor}, given {normalized}"
                     )
                 return
+            ordinal = _lmdb_records.next_free_ordinal(txn, shared)
             store_db = shared.dbs[b"store"]
-            next_raw = txn.get(b"next_ordinal", db=store_db)
-            ordinal = _lmdb_records.ORDINAL.unpack(next_raw)[0] if next_raw else 1
-            txn.put(b"next_ordinal", _lmdb_records.ORDINAL.pack(ordinal + 1), db=store_db)
+            next_ordinal = min(ordinal + 1, _lmdb_records.MAX_ORDINAL)
+            txn.put(b"next_ordinal", _lmdb_records.ORDINAL.pack(next_ordinal), db=store_db)
             record = {"ordinal": ordinal, "descriptor": normalized}
             txn.put(name, msgspec.msgpack.encode(record), db=shared.dbs[b"namespaces"])
         logger.info("registered namespace %r in %s", namespace, self.path)
 
     def namespaces(self) -> dict[str, dict[str, Any]]:
+        """Every namespace's descriptor; StoreDamagedError if a registration is damaged."""
         with self._read_txn() as txn:
-            cursor = txn.cursor(db=self._env().dbs[b"namespaces"])
-            return {
-                bytes(key).decode(): msgspec.msgpack.decode(value)["descriptor"]
-                for key, value in cursor
-            }
+            records = _lmdb_records.all_namespaces(txn, self._env())
+        return {record.name: record.descriptor for record in records}
 
     # -- writes (one writer thread) ----------------------------------------------------------
 
@@ -204,7 +201,9 @@ class LMDBStore:
             for key, (view, _) in prepared.items():
                 old = txn.get(prefix + key, db=meta_db)
                 num_new += old is None
-                delta_bytes += view.nbytes - (0 if old is None else _lmdb_records.meta_size(old))
+                if old is not None:
+                    delta_bytes -= _lmdb_records.stored_size(txn, shared, prefix + key, old)
+                delta_bytes += view.nbytes
             used = _lmdb_records.total_used(txn, shared)
             free = self._capacity_bytes - used
             if delta_bytes > free:
@@ -234,7 +233,10 @@ class LMDBStore:
                 raw = txn.get(prefix + check_key(key), db=meta_db)
                 if raw is None:
                     continue
-                entry = _lmdb_records.parse_meta(namespace, key, raw)
+                try:
+                    entry = _lmdb_records.parse_meta(namespace, key, raw)
+                except CorruptionError:
+                    continue  # the next read finds it corrupt and deletes it
                 touched = EntryMeta(
                     namespace, key, entry.size_bytes, entry.checksum, entry.created_s, now,
                     entry.num_hits + 1,
@@ -250,11 +252,12 @@ class LMDBStore:
             for key in dict.fromkeys(keys):
                 full_key = prefix + check_key(key)
                 raw = txn.pop(full_key, db=shared.dbs[b"meta"])
+                size = 0 if raw is None else _lmdb_records.stored_size(txn, shared, full_key, raw)
                 has_data = txn.delete(full_key, db=shared.dbs[b"data"])
                 if raw is None and not has_data:
                     continue
                 num_deleted += 1
-                freed_bytes += 0 if raw is None else _lmdb_records.meta_size(raw)
+                freed_bytes += 0 if raw is None else size
             _lmdb_records.add_counts(txn, shared, prefix, -num_deleted, -freed_bytes)
         return num_deleted
 
@@ -375,14 +378,8 @@ class LMDBStore:
     def stats(self) -> StoreStats:
         shared = self._env()
         with self._read_txn() as txn:
-            names = {
-                msgspec.msgpack.decode(value)["ordinal"]: bytes(key).decode()
-                for key, value in txn.cursor(db=shared.dbs[b"namespaces"])
-            }
-            counts = {
-                _lmdb_records.ORDINAL.unpack(key)[0]: _lmdb_records.COUNTS.unpack(value)
-                for key, value in txn.cursor(db=shared.dbs[b"counts"])
-            }
+            names = {r.ordinal: r.name for r in _lmdb_records.all_namespaces(txn, shared)}
+            counts = _lmdb_records.counts(txn, shared)
             map_size = shared.env.info()["map_size"]
         per_namespace = {
             name: NamespaceStats(*counts.get(ordinal, (0, 0))) for ordinal, name in names.items()

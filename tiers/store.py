@@ -37,6 +37,7 @@ WritableBuffer = bytearray | memoryview | torch.Tensor | np.ndarray[Any, Any]
 MAX_KEY_BYTES = 400
 MAX_NAMESPACE_BYTES = 200
 _META = struct.Struct("<QQddI")
+META_BYTES = _META.size
 
 
 def checksum(value: Value) -> int:
@@ -182,17 +183,40 @@ def check_key(key: bytes) -> bytes:
     return key
 
 
+MAX_DESCRIPTOR_DEPTH = 32
+
+
+def nesting_depth(value: object) -> int:
+    """How deeply lists and maps nest in `value` (0 for a scalar), without recursion."""
+    depth, level = 0, [value]
+    while True:
+        containers = [item for item in level if isinstance(item, dict | list | tuple)]
+        if not containers:
+            return depth
+        depth += 1
+        level = [
+            item
+            for container in containers
+            for item in (container.values() if isinstance(container, dict) else container)
+        ]
+
+
 def normalize_descriptor(descriptor: Mapping[str, Any]) -> dict[str, Any]:
     """The descriptor as it will read back (msgpack round trip), for comparisons."""
     try:
         decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(dict(descriptor)))
-    except (TypeError, msgspec.MsgspecError) as exc:
+    except (TypeError, msgspec.MsgspecError, RecursionError) as exc:
         raise TierConfigError(
             f"namespace descriptor must hold only msgpack types (str, int, float, bool, None, "
             f"lists, dicts): {exc}"
         ) from exc
     if not isinstance(decoded, dict):
         raise TierConfigError(f"namespace descriptor must be a mapping, got {type(decoded)}")
+    if nesting_depth(decoded) > MAX_DESCRIPTOR_DEPTH:
+        raise TierConfigError(
+            f"namespace descriptor nests {nesting_depth(decoded)} levels deep; at most "
+            f"{MAX_DESCRIPTOR_DEPTH} allowed"
+        )
     return decoded
 
 
