@@ -20,6 +20,7 @@ from tiers.errors import (
     RegionError,
     StoreDamagedError,
     StoreFullError,
+    StoreIOError,
     TierConfigError,
     TierError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "RegionHeader",
     "StoreDamagedError",
     "StoreFullError",
+    "StoreIOError",
     "StoreStats",
     "TierConfigError",
     "TierError",

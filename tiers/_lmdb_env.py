@@ -5,6 +5,13 @@ LMDB forbids opening one environment twice in a process (closing either copy dro
 POSIX locks), so stores opened on the same path in one process share a refcounted `SharedEnv`.
 `mdb_env_set_mapsize` remaps the file, so it must never run while a read transaction of this
 process is live: readers enter `ReadGate.reading()`, and a resize waits for them to leave.
+
+LMDB reads through a memory map, so a data file truncated under the open store would kill the
+process with SIGBUS on the next read. Every transaction therefore first checks that the file
+still covers the pages the store uses and is still the file that was opened; once it is not,
+every operation raises StoreIOError (the race with a truncation during a transaction remains).
+Any other LMDB error inside a transaction (a full or failing disk, a damaged page) is raised as
+StoreIOError; `MapFullError` passes through for `LMDBStore.put_many` to grow the map.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +28,7 @@ from typing import Any
 
 import lmdb
 
-from tiers.errors import TierConfigError
+from tiers.errors import StoreDamagedError, StoreIOError, TierConfigError
 
 __all__ = ["DB_NAMES", "LMDBOptions", "ReadGate", "SharedEnv", "acquire", "release"]
 
@@ -29,6 +37,8 @@ logger = logging.getLogger(__name__)
 DB_NAMES = (b"store", b"namespaces", b"counts", b"data", b"meta")
 _STORE_FILES = {"data.mdb", "lock.mdb"}
 _RESIZE_TIMEOUT_S = 5.0
+_META_MAGIC = 0xBEEFC0DE
+_META_BYTES = 152
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,38 +100,74 @@ class SharedEnv:
     options: LMDBOptions
     is_readonly: bool
     gate: ReadGate
+    data_fd: int = -1
+    page_bytes: int = 4096
+    broken: str = ""
     num_users: int = 0
 
     @contextlib.contextmanager
     def write_txn(self) -> Iterator[lmdb.Transaction[bytes]]:
         """A write transaction, committed on success and aborted on an exception."""
-        for attempt in range(2):
-            try:
-                txn = self.env.begin(write=True)
-                break
-            except lmdb.MapResizedError:
-                if attempt or not self.adopt_map_size():
-                    raise
-        with txn:
-            yield txn
+        self.check_file()
+        try:
+            for attempt in range(2):
+                try:
+                    txn = self.env.begin(write=True)
+                    break
+                except lmdb.MapResizedError:
+                    if attempt or not self.adopt_map_size():
+                        raise
+            with txn:
+                yield txn
+        except lmdb.MapFullError:
+            raise
+        except lmdb.Error as exc:
+            raise StoreIOError(f"LMDB write to store {self.path} failed: {exc}") from exc
 
     @contextlib.contextmanager
     def read_txn(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction[Any]]:
         """A read transaction inside the gate; adopts a map another process grew."""
-        for attempt in range(2):
-            with self.gate.reading():
-                try:
-                    txn = self.env.begin(buffers=True) if buffers else self.env.begin()
-                except lmdb.MapResizedError:
-                    if attempt:
-                        raise
-                else:
+        self.check_file()
+        try:
+            for attempt in range(2):
+                with self.gate.reading():
                     try:
-                        yield txn
-                    finally:
-                        txn.abort()
-                    return
-            self.adopt_map_size()
+                        txn = self.env.begin(buffers=True) if buffers else self.env.begin()
+                    except lmdb.MapResizedError:
+                        if attempt:
+                            raise
+                    else:
+                        try:
+                            yield txn
+                        finally:
+                            txn.abort()
+                        return
+                self.adopt_map_size()
+        except lmdb.Error as exc:
+            raise StoreIOError(f"LMDB read of store {self.path} failed: {exc}") from exc
+
+    def check_file(self) -> None:
+        """Raise StoreIOError if the data file was truncated or replaced under the open store
+        (reading its map would then kill the process with SIGBUS, or read another file)."""
+        if not self.broken:
+            self.broken = self._file_problem()
+        if self.broken:
+            raise StoreIOError(
+                f"store {self.path} is unusable: {self.broken}; reopen it (and check it with "
+                f"`kvstore verify {self.path}`)"
+            )
+
+    def _file_problem(self) -> str:
+        if self.data_fd < 0:
+            return ""
+        opened = os.fstat(self.data_fd)
+        try:
+            current = os.stat(self.path / "data.mdb")
+        except OSError as exc:
+            return f"its data.mdb is gone ({exc.strerror})"
+        if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
+            return "its data.mdb was replaced by another file"
+        return data_file_problem(self.data_fd)
 
     def adopt_map_size(self) -> bool:
         """Adopt the map size another process grew the environment to."""
@@ -137,6 +183,45 @@ class SharedEnv:
         if grown:
             logger.warning("grew LMDB map of %s from %d to %d bytes", self.path, current, new_size)
         return grown
+
+
+def data_file_problem(fd: int) -> str:
+    """Why the data file behind `fd` cannot be mapped safely ("" if it can): empty, or shorter
+    than the pages its newest meta page says are in use (a truncated file). Reads the meta
+    pages with pread, never through a map."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return "its data.mdb is empty (0 bytes)"
+    needed = _bytes_in_use(fd)
+    if needed is not None and size < needed:
+        return f"its data.mdb has {size} bytes but its header says {needed} are in use (truncated)"
+    return ""
+
+
+def _bytes_in_use(fd: int) -> int | None:
+    """`(last page + 1) * page size` from the newest valid meta page (LMDB 0.9, 64-bit:
+    magic and version at byte 16, page size at 40, last page and txn id at 136), at least
+    the two meta pages; None if page 0 is not an LMDB meta page (LMDB's open says why)."""
+    first = os.pread(fd, _META_BYTES, 0)
+    if _meta_fields(first) is None:
+        return None
+    page_bytes = int(struct.unpack_from("<I", first, 40)[0])
+    if page_bytes < 512 or page_bytes & (page_bytes - 1):
+        return None
+    metas = [m for m in (first, os.pread(fd, _META_BYTES, page_bytes)) if _meta_fields(m)]
+    last_page, _ = max((_meta_fields(m) or (0, 0) for m in metas), key=lambda f: f[1])
+    return max(2, last_page + 1) * page_bytes
+
+
+def _meta_fields(page: bytes) -> tuple[int, int] | None:
+    """`(last page, txn id)` of a meta page, or None if it is not one."""
+    if len(page) < _META_BYTES:
+        return None
+    magic, version = struct.unpack_from("<II", page, 16)
+    if magic != _META_MAGIC or version != 1:
+        return None
+    last_page, txn_id = struct.unpack_from("<QQ", page, 136)
+    return int(last_page), int(txn_id)
 
 
 _registry: dict[Path, SharedEnv] = {}
@@ -156,7 +241,13 @@ def check_store_path(path: Path, *, create: bool, readonly: bool) -> Path:
             )
         if (path / "data.mdb").is_file():
             return path.resolve()
-        if not create or readonly:
+        is_opening = not create or readonly
+        if (path / "data.mdb").exists() or (is_opening and (path / "lock.mdb").is_file()):
+            raise StoreDamagedError(
+                f"store {path} has lost its data file (data.mdb is missing or not a file); "
+                "move the directory aside"
+            )
+        if is_opening:
             raise TierConfigError(f"{path} is not a kvstore store (it has no data.mdb)")
         if any(entry.name not in _STORE_FILES for entry in path.iterdir()):
             raise TierConfigError(
@@ -217,9 +308,11 @@ def release(shared: SharedEnv) -> None:
             return
         _registry.pop(shared.path, None)
         shared.env.close()
+        _close_fd(shared.data_fd)
 
 
 def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: int) -> SharedEnv:
+    data_fd = _checked_data_file(path, readonly=readonly)
     try:
         env = lmdb.open(
             str(path),
@@ -238,13 +331,46 @@ def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: i
             readahead=options.readahead,
         )
     except lmdb.Error as exc:
+        _close_fd(data_fd)
         raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
     try:
         dbs = _open_dbs(env, path, readonly=readonly)
+        if data_fd < 0:  # a new store: LMDB just created the file
+            data_fd = os.open(path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
+        page_bytes = int(env.stat()["psize"])
+    except (lmdb.Error, OSError) as exc:
+        env.close()
+        _close_fd(data_fd)
+        raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
     except BaseException:
         env.close()
+        _close_fd(data_fd)
         raise
-    return SharedEnv(path, env, dbs, options, readonly, ReadGate())
+    return SharedEnv(path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes)
+
+
+def _checked_data_file(path: Path, *, readonly: bool) -> int:
+    """An fd of the existing data file (-1 for a new store), checked before LMDB maps it: a
+    truncated file would kill the process with SIGBUS on the first read of the map."""
+    try:
+        fd = os.open(path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    except OSError as exc:
+        raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
+    problem = data_file_problem(fd)
+    if problem and (readonly or os.fstat(fd).st_size > 0):  # LMDB makes an empty file anew
+        os.close(fd)
+        raise StoreDamagedError(
+            f"store {path} cannot be opened: {problem}; move it aside (the engine then starts "
+            "a new store)"
+        )
+    return fd
+
+
+def _close_fd(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)
 
 
 def _open_dbs(env: lmdb.Environment, path: Path, *, readonly: bool) -> dict[bytes, lmdb._Database]:

@@ -5,6 +5,8 @@
     ├── RegionError           the shared CPU region: live owner, size mismatch, bad header
     ├── CorruptionError       a stored value fails its checksum or has the wrong size
     ├── StoreFullError        a put would exceed the store's capacity (nothing was written)
+    ├── StoreIOError          an LMDB read, write or commit failed: a full or failing disk, or a
+    │                         store file truncated, replaced or damaged under the open store
     ├── StoreDamagedError     a store record (format, capacity, namespace, counts) cannot be decoded
     └── NamespaceError        unknown namespace, descriptor mismatch, incompatible store format
 
@@ -19,6 +21,7 @@ __all__ = [
     "RegionError",
     "StoreDamagedError",
     "StoreFullError",
+    "StoreIOError",
     "TierConfigError",
     "TierError",
 ]
@@ -52,6 +55,12 @@ class StoreFullError(TierError):
         super().__init__(message)
         self.requested_bytes = requested_bytes
         self.free_bytes = free_bytes
+
+
+class StoreIOError(TierError):
+    """Reading or writing the store file failed: a full or failing disk, or a file truncated,
+    replaced or damaged under the open store. A failed write wrote nothing (its transaction was
+    aborted); after a truncated or replaced file, every operation of the store fails this way."""
 
 
 class StoreDamagedError(TierError):
