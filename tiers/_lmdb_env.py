@@ -47,7 +47,7 @@ class LMDBOptions:
 
     sync: bool = True
     metasync: bool = False
-    writemap: bool = True
+    writemap: bool = False
     map_async: bool = False
     readahead: bool = True
     max_readers: int = 1024

@@ -15,17 +15,24 @@ the same transaction as the data they govern, so a namespace deleted and re-regi
 process is never confused with the old one. Descriptors are msgpack
 (no format that runs code on load).
 
-**Durability.** Defaults `writemap=True, sync=True, metasync=False, map_async=False,
-readahead=True`, chosen from `benchmarks/bench_tiers.py` (results in `benchmarks/README.md`):
-every commit is flushed (msync + fdatasync of the data pages) before `put_many` returns, but the
-meta page is not synced separately, which LMDB documents as keeping the tree intact (a power loss
-can only undo the last commit). A killed process (SIGKILL) loses nothing committed with any
-setting: the pages are already in the kernel's page cache. `writemap` writes values straight
-into the shared map (one copy fewer) and measured ~25% faster puts than without it; a separate
-meta sync measured no difference; `sync=False` or `map_async` doubled put throughput but a power
-loss could then corrupt the tree, so they stay off. `readahead` makes cold 4 MiB reads ~20x
-faster. A put that would overflow the map grows it (at most to `4 * capacity_bytes + 1 GiB`); if
-that is impossible it raises `StoreFullError`, never crashes.
+**Durability.** Defaults `writemap=False, sync=True, metasync=False, map_async=False,
+readahead=True`, chosen from `benchmarks/bench_tiers.py` (results in `benchmarks/README.md`) and
+the reliability suite (`python -m reliability`): every commit is flushed (fdatasync of the data
+pages) before `put_many` returns, but the meta page is not synced separately, which LMDB
+documents as keeping the tree intact (a power loss can only undo the last commit). A killed
+process (SIGKILL) loses nothing committed with any setting: the pages are already in the
+kernel's page cache. `writemap` (values written straight into the shared map) measured ~25%
+faster puts, but it stays off: with it a full filesystem kills the writing process with SIGBUS
+(a store into a mapped page no disk block backs) instead of failing the commit; without it the
+commit fails with `StoreIOError` and the store stays intact. A separate meta sync measured no
+difference; `sync=False` or `map_async` doubled put throughput but a power loss could then
+corrupt the tree, so they stay off. `readahead` makes cold 4 MiB reads ~20x faster. A put that
+would overflow the map grows it (at most to `4 * capacity_bytes + 1 GiB`); if that is impossible
+it raises `StoreFullError`, never crashes.
+
+**Damage.** Records that cannot be decoded raise `StoreDamagedError`; LMDB errors inside a
+transaction (a full or failing disk, a damaged page) raise `StoreIOError`; a data file truncated
+or replaced under an open store is refused before LMDB maps past its end (see `tiers._lmdb_env`).
 """
 
 from __future__ import annotations

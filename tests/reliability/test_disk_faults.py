@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from reliability.damage import DAMAGES, Damage, check_damage, small_store, used_bytes
-from reliability.disk_faults import SWAPS, read_only_mid_run, swap_under_open_store
+from reliability.disk_faults import SWAPS, fill_until_full, read_only_mid_run, swap_under_open_store
+from reliability.fs import MountUnavailable, small_filesystem
 from reliability.isolation import in_child
+from tiers import LMDBOptions
 from tiers.lmdb import LMDBStore
 
 
@@ -60,3 +62,28 @@ def test_a_read_only_directory_fails_reopening_cleanly_and_loses_nothing() -> No
     assert result.num_refused == 2, result.notes  # reopening for writing, and for reading
     assert result.errors == ["TierConfigError"]
     assert (result.num_lost, result.num_bad, result.is_verify_ok) == (0, 0, True)
+
+
+# -- a full filesystem ---------------------------------------------------------------------------
+
+
+def test_writemap_is_off_by_default() -> None:
+    """With writemap LMDB writes values through the map: on a full filesystem the write into a
+    page no disk block backs kills the process with SIGBUS instead of failing the commit."""
+    assert LMDBOptions().writemap is False
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_full_filesystem_fails_writes_cleanly_and_loses_nothing(seed: int) -> None:
+    try:
+        with small_filesystem(8 << 20) as directory:
+            result, acked = fill_until_full(directory, seed)
+    except MountUnavailable as exc:
+        pytest.skip(f"cannot mount a small filesystem here: {exc}")
+    assert result.how == "returned", result.how  # before the fix: "signal: SIGBUS"
+    assert result.num_refused == 5
+    assert set(result.errors) <= {"StoreIOError", "StoreFullError"}
+    assert acked and result.num_acked == len(acked)
+    assert (result.num_lost, result.num_bad) == (0, 0)
+    assert result.is_verify_ok, result.notes
+    assert not result.notes  # the write after freeing half the store succeeded
