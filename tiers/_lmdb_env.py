@@ -253,10 +253,19 @@ def check_store_path(path: Path, *, create: bool, readonly: bool) -> Path:
             raise TierConfigError(
                 f"{path} is a non-empty directory without a store; give an empty or new directory"
             )
+        _make_private(path)
         return path.resolve()
     if not create or readonly:
         raise TierConfigError(f"store directory {path} does not exist (and create is off)")
     return _make_directory(path)
+
+
+def _make_private(path: Path) -> None:
+    """An existing directory that becomes a store gets mode 0700, as a new one would."""
+    try:
+        path.chmod(0o700)
+    except OSError as exc:
+        logger.warning("cannot make store directory %s private (mode 0700): %s", path, exc)
 
 
 def _make_directory(path: Path) -> Path:
