@@ -84,18 +84,31 @@ def cli_errors() -> Iterator[None]:
 
 
 def emit_json(document: Any) -> None:
-    """Print exactly one JSON document on stdout (NaN and infinities become null)."""
-    typer.echo(json.dumps(_finite(document), indent=2, allow_nan=False))
+    """Print exactly one JSON document on stdout (NaN and infinities become null; bytes and
+    other values JSON cannot hold, such as a damaged descriptor may contain, become strings)."""
+    typer.echo(json.dumps(_json_safe(document), indent=2, allow_nan=False))
 
 
-def _finite(value: Any) -> Any:
+def _json_key(key: Any) -> Any:
+    if isinstance(key, str | int) or key is None:
+        return key
+    if isinstance(key, float) and math.isfinite(key):
+        return key
+    return repr(key)
+
+
+def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {_json_key(key): _json_safe(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
+        return [_json_safe(item) for item in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return repr(value)
 
 
 # -- stores -----------------------------------------------------------------------------------
@@ -217,10 +230,13 @@ def format_bytes(size: float) -> str:
 
 
 def iso_time(epoch_s: float | None) -> str | None:
-    """Epoch seconds as ISO 8601 in UTC (None stays None)."""
+    """Epoch seconds as ISO 8601 in UTC (None, and a time no date can show, give None)."""
     if epoch_s is None:
         return None
-    return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):  # NaN, infinite or years past 9999
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,9 +255,12 @@ _SPANS = (
 
 
 def relative_time(epoch_s: float | None, now_s: float) -> str:
-    """`"3m ago"`, `"2d ago"`, `"in 5s"` (clock skew), `"-"` for None."""
+    """`"3m ago"`, `"2d ago"`, `"in 5s"` (clock skew), `"-"` for None, `"?"` for NaN or
+    infinity (a damaged record)."""
     if epoch_s is None:
         return "-"
+    if not math.isfinite(epoch_s):
+        return "?"
     delta = now_s - epoch_s
     for span in _SPANS:
         if abs(delta) >= span.seconds or span.unit == "s":

@@ -56,6 +56,13 @@ class ChunkReader:
     def _read_value(self, meta: EntryMeta) -> ChunkRead | None:
         """The outcome, or None if the value does not fit the size its meta records."""
         if len(self._buffer) < meta.size_bytes:
+            file_bytes = (self._store.path / "data.mdb").stat().st_size
+            if meta.size_bytes > file_bytes:  # a damaged meta record: never allocate that
+                error = (
+                    f"meta record of key {meta.key.hex()[:16]} in namespace {meta.namespace!r} "
+                    f"says {meta.size_bytes} bytes, more than the whole store file ({file_bytes})"
+                )
+                return ChunkRead(ChecksumState.CORRUPT, meta, error=error)
             self._buffer = bytearray(meta.size_bytes)
         view = memoryview(self._buffer)[: meta.size_bytes]
         try:
