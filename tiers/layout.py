@@ -45,6 +45,32 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+def _count(value: object) -> int:
+    """A non-negative int from a decoded description (no bools, floats or strings)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TierConfigError(
+            f"malformed chunk layout description: expected an int >= 0, got {value!r:.80}"
+        )
+    return value
+
+
+def _layer_from_dict(item: Mapping[str, Any]) -> LayerLayout:
+    if not isinstance(item, Mapping):
+        raise TierConfigError(f"chunk layout layer must be a mapping, got {item!r:.80}")
+    name, dtype = item["name"], item["dtype"]
+    if not isinstance(name, str) or not isinstance(dtype, str):
+        raise TierConfigError(
+            f"chunk layout layer name and dtype must be strings, got {name!r:.80}, {dtype!r:.40}"
+        )
+    return LayerLayout(
+        name=name,
+        dtype=dtype_name(dtype_from_name(dtype)),
+        parts_shape=tuple(_count(d) for d in item["parts_shape"]),
+        slab_shape=tuple(_count(d) for d in item["slab_shape"]),
+        offset_bytes=_count(item["offset_bytes"]),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class LayerLayout:
     """One layer's section of a chunk buffer."""
@@ -99,35 +125,45 @@ class ChunkLayout:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ChunkLayout:
-        """Inverse of `to_dict`; raises TierConfigError for a malformed or unknown description."""
+        """Inverse of `to_dict`; raises TierConfigError for a malformed or unknown description,
+        including one whose sections would not fit, or not align in, its buffer."""
         try:
-            version = int(data["version"])
+            version = _count(data["version"])
             if version != _LAYOUT_VERSION:
                 raise TierConfigError(
                     f"chunk layout version {version} is not supported; expected {_LAYOUT_VERSION}"
                 )
-            layers = tuple(
-                LayerLayout(
-                    name=str(item["name"]),
-                    dtype=dtype_name(dtype_from_name(str(item["dtype"]))),
-                    parts_shape=tuple(int(d) for d in item["parts_shape"]),
-                    slab_shape=tuple(int(d) for d in item["slab_shape"]),
-                    offset_bytes=int(item["offset_bytes"]),
-                )
-                for item in data["layers"]
+            layers = tuple(_layer_from_dict(item) for item in data["layers"])
+            layout = cls(blocks_per_chunk=_count(data["blocks_per_chunk"]), layers=layers)
+            recorded = data.get("buffer_bytes")
+            recorded_bytes = None if recorded is None else _count(recorded)
+        except TierConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            raise TierConfigError(f"malformed chunk layout description: {exc!r:.200}") from exc
+        if layout.blocks_per_chunk < 1:
+            raise TierConfigError(
+                f"chunk layout blocks_per_chunk must be >= 1, got {layout.blocks_per_chunk}"
             )
-            layout = cls(blocks_per_chunk=int(data["blocks_per_chunk"]), layers=layers)
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, TierConfigError):
-                raise
-            raise TierConfigError(f"malformed chunk layout description: {exc!r}") from exc
-        recorded = data.get("buffer_bytes")
-        if recorded is not None and int(recorded) != layout.buffer_bytes:
+        if recorded_bytes is not None and recorded_bytes != layout.buffer_bytes:
             raise TierConfigError(
                 f"chunk layout says buffer_bytes={recorded} but its layers add up to "
                 f"{layout.buffer_bytes}"
             )
+        layout.check_sections()
         return layout
+
+    def check_sections(self) -> None:
+        """Every layer's section lies inside the buffer, aligned to its dtype."""
+        for layer in self.layers:
+            end = layer.offset_bytes + layer.section_bytes(self.blocks_per_chunk)
+            itemsize = dtype_from_name(layer.dtype).itemsize
+            if end > self.buffer_bytes or layer.offset_bytes % itemsize:
+                raise TierConfigError(
+                    f"chunk layout layer {layer.name[:80]!r} at offset {layer.offset_bytes} "
+                    f"({end - layer.offset_bytes} bytes of {layer.dtype}) does not fit, aligned, "
+                    f"in a buffer of {self.buffer_bytes} bytes"
+                )
 
     def decode(
         self, buffer: torch.Tensor | bytes | bytearray | memoryview
