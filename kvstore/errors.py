@@ -3,7 +3,9 @@
     KVStoreError
     ├── ConfigError        a bad config key or CLI option: names it and what is allowed
     ├── StoreNotFoundError a path that is not a kvstore store
-    └── KeyLookupError     a key prefix that matches nothing, or several keys
+    ├── KeyLookupError     a key prefix that matches nothing, or several keys
+    └── RecordError        a stored or streamed record (an event batch, a namespace descriptor)
+                           that cannot be decoded: names the record and what is wrong
 
 Errors from the storage media (`tiers.errors.TierError` and subclasses) pass through unchanged.
 Expected outcomes on the step path (tier full, nothing evictable) are return values, not errors.
@@ -11,7 +13,7 @@ Expected outcomes on the step path (tier full, nothing evictable) are return val
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "KVStoreError", "KeyLookupError", "StoreNotFoundError"]
+__all__ = ["ConfigError", "KVStoreError", "KeyLookupError", "RecordError", "StoreNotFoundError"]
 
 
 class KVStoreError(Exception):
@@ -28,3 +30,7 @@ class StoreNotFoundError(KVStoreError):
 
 class KeyLookupError(KVStoreError, LookupError):
     """A key or key prefix matches no chunk, or more than one."""
+
+
+class RecordError(KVStoreError, ValueError):
+    """A record read from a store, a stream or a file is malformed (never a crash, never data)."""

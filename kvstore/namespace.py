@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
 import xxhash
+
+from kvstore.errors import RecordError
 
 __all__ = ["FORMAT_VERSION", "NamespaceDescriptor", "namespace_id"]
 
@@ -57,8 +59,50 @@ class NamespaceDescriptor:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NamespaceDescriptor:
-        names = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """The descriptor `to_dict` (or a store) holds; other keys are ignored. Raises
+        RecordError, naming the field, for a missing field or a value of the wrong type."""
+        if not isinstance(data, Mapping):
+            raise RecordError(f"namespace descriptor must be a mapping, got {data!r:.80}")
+        values: dict[str, Any] = {}
+        for name, spec in cls.__dataclass_fields__.items():
+            if name not in data:
+                if spec.default is MISSING:
+                    raise RecordError(f"namespace descriptor has no {name!r} field")
+                continue
+            values[name] = _checked(name, data[name])
+        try:
+            json.dumps(dict(values["layout"]), sort_keys=True)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise RecordError(
+                f"namespace descriptor field 'layout' is not plain JSON: {exc}"
+            ) from exc
+        return cls(**values)
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "model": str,
+    "kv_dtype": str,
+    "engine_block_size": int,
+    "blocks_per_chunk": int,
+    "tp_size": int,
+    "device_type": str,
+    "attention_backend": str,
+    "hash_algo": str,
+    "row_bytes": int,
+    "layout": Mapping,
+    "salt": str,
+    "format_version": int,
+    "created_by": str,
+}
+
+
+def _checked(name: str, value: object) -> Any:
+    expected = _FIELD_TYPES[name]
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise RecordError(
+            f"namespace descriptor field {name!r} must be {expected.__name__}, got {value!r:.80}"
+        )
+    return value
 
 
 def namespace_id(descriptor: NamespaceDescriptor) -> str:
