@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class WatchedEvent:
         hashes = [] if isinstance(event, AllBlocksCleared) else event.block_hashes
         data: dict[str, Any] = {
             "seq": self.seq,
-            "ts": self.ts,
+            "ts": self.ts if math.isfinite(self.ts) else None,  # JSON has no NaN
             "dp_rank": self.dp_rank,
             "type": type(event).__name__,
             "medium": None if isinstance(event, AllBlocksCleared) else event.medium,
@@ -86,11 +87,19 @@ def _open_subscriber(
     return sub
 
 
+def _clock(ts: float) -> str:
+    """`HH:MM:SS.mmm` local time; `?` for a time no clock can show (NaN, out of range)."""
+    try:
+        return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+    except (ValueError, OverflowError, OSError):
+        return "?"
+
+
 def _print_row(console: Console, watched: WatchedEvent) -> None:
     data = watched.to_json()
     kind = data["type"]
     first = data["block_hashes"][0][:16] if data["block_hashes"] else "-"
-    clock = datetime.fromtimestamp(watched.ts).strftime("%H:%M:%S.%f")[:-3]
+    clock = _clock(watched.ts)
     style = _STYLE.get(kind, "white")
     console.print(
         f"{watched.seq:>8}  {clock}  [{style}]{kind:<16}[/{style}]  "

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from kvstore.errors import RecordError
 from kvstore.events import ChunkStored, TierEvent
 from kvstore.keys import Tier
 
@@ -147,5 +148,11 @@ def encode_batch(
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """Decode one batch; raises `msgspec.DecodeError` (a `ValueError`) on a malformed one."""
-    return _decoder.decode(payload)
+    """Decode one batch; raises `RecordError` (a `ValueError`) on a malformed one, including
+    one nested too deeply to decode."""
+    try:
+        return _decoder.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise RecordError(
+            f"malformed KV-event batch ({len(payload)} bytes): {str(exc)[:200]}"
+        ) from exc
