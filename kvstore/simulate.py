@@ -265,10 +265,15 @@ def sweep(
 def load_trace(path: str | Path) -> list[list[int]]:
     """Prompts from JSONL, one `{"prompt_token_ids": [...]}` per line (blank lines skipped)."""
     prompts: list[list[int]] = []
-    with Path(path).open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    with Path(path).open("rb") as lines:
+        for line_number, raw in enumerate(lines, start=1):
+            where = f"{path}:{line_number}"
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise TraceFormatError(f"{where}: not UTF-8 ({exc.reason})") from exc
             if line.strip():
-                prompts.append(_parse_line(line, f"{path}:{line_number}"))
+                prompts.append(_parse_line(line, where))
     return prompts
 
 
@@ -277,6 +282,8 @@ def _parse_line(line: str, where: str) -> list[int]:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"{where}: not JSON ({exc.msg})") from exc
+    except (ValueError, RecursionError) as exc:  # an int of > 4300 digits, too deep nesting
+        raise TraceFormatError(f"{where}: not a trace record ({str(exc)[:80]})") from exc
     token_ids = record.get("prompt_token_ids") if isinstance(record, dict) else None
     if not isinstance(token_ids, list):
         raise TraceFormatError(
