@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 from prometheus_client import CollectorRegistry
 from rich.console import Console
+from rich.markup import escape
 
 from kvstore.cli.app import app
 from kvstore.metrics import (
@@ -84,8 +85,12 @@ def serve(
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
         exporter = serve_store(store, port=port, host=host)
-    except (TierError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+    except TierError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
+    except OSError as exc:  # the port is taken, or the host is not an address of this machine
+        where = f"{escape(host)}:{port} (--host/--port)"
+        err.print(f"[red]error:[/red] cannot listen on {where}: {exc.strerror or exc}")
         raise typer.Exit(1) from exc
     stop = threading.Event()
     err.print(f"serving metrics for {store} on {exporter.url}")

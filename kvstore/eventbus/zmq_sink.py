@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import zmq
 import zmq.asyncio
 
+from kvstore.errors import ConfigError
 from kvstore.eventbus.wire import END_SEQ, encode_batch, int_block_hashes_from_env, to_wire_events
 from kvstore.events import TierEvent
 
@@ -92,18 +93,26 @@ class ZMQPublisherSink:
         return self._next_seq
 
     async def start(self) -> None:
+        """Open the sockets (and start the replay task). An endpoint that cannot be bound or
+        connected (in use, malformed) raises ConfigError naming the KVStoreConfig key it comes
+        from (`events_endpoint`, `events_replay_endpoint`), with nothing left open."""
         self._ctx = zmq.asyncio.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(self._hwm)
-        if is_bind_endpoint(self.endpoint):
-            self._pub.bind(self.endpoint)
-            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self._pub.connect(self.endpoint)
-        if self.replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(self.replay_endpoint)
-            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        try:
+            if is_bind_endpoint(self.endpoint):
+                self.endpoint = _bind(self._pub, self.endpoint, "events_endpoint")
+            else:
+                _connect(self._pub, self.endpoint, "events_endpoint")
+            if self.replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self.replay_endpoint = _bind(
+                    self._replay, self.replay_endpoint, "events_replay_endpoint"
+                )
+        except ConfigError:
+            await self.close()
+            raise
+        if self._replay is not None:
             is_running = asyncio.Event()
             self._replay_task = asyncio.create_task(
                 self._serve_replay(self._replay, is_running), name=f"{self._name}-replay"
@@ -152,3 +161,19 @@ class ZMQPublisherSink:
                         (client_id, b"", self.topic, seq.to_bytes(8, "big"), payload)
                     )
             await sock.send_multipart((client_id, b"", b"", END_SEQ, b""))
+
+
+def _bind(sock: zmq.asyncio.Socket, endpoint: str, key: str) -> str:
+    """Bind `sock`; returns the bound endpoint (the real port for port 0)."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise ConfigError(f"{key}: cannot bind {endpoint!r}: {exc.strerror}") from exc
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
+def _connect(sock: zmq.asyncio.Socket, endpoint: str, key: str) -> None:
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        raise ConfigError(f"{key}: cannot connect to {endpoint!r}: {exc.strerror}") from exc
