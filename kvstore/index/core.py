@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence, Set
 
-from kvstore.events import TierEvent
 from kvstore.index.admission import SightingCounter
 from kvstore.index.config import IndexConfig
-from kvstore.index.emit import removed_event, stored_events
+from kvstore.index.disk import DiskIndex, EventLog
 from kvstore.index.table import READY, CPUTable, DiskTable, Entry
 from kvstore.keys import BlockKey, Tier
 from kvstore.policies import make_policy
@@ -30,17 +29,18 @@ class IndexCore:
             config.num_cpu_rows,
             config.chunk_bytes,
         )
-        self._disk: DiskTable | None = None
+        self._log = EventLog(config.num_tokens_per_chunk, clock)
+        self._disk_index: DiskIndex | None = None
+        self._disk: DiskTable | None = None  # the disk index's table
         if config.has_disk:
-            self._disk = DiskTable(
-                make_policy(config.disk_policy, max(1, config.num_disk_chunks)),
-                config.disk_capacity_bytes,
+            self._disk_index = DiskIndex(
+                config.disk_policy, config.disk_capacity_bytes, config.chunk_bytes, self._log
             )
+            self._disk = self._disk_index.table
         self._sightings: SightingCounter | None = None
         if config.admission_min_sightings > 1:
             max_keys = _SIGHTINGS_PER_CHUNK * (config.num_cpu_rows + config.num_disk_chunks)
             self._sightings = SightingCounter(config.admission_min_sightings, max_keys)
-        self._events: list[TierEvent] = []
         # Chunks ready in CPU that should be written to disk (an ordered set).
         self._candidates: dict[BlockKey, None] = {}
         # Holds taken by plan_promotion, per key, until release.
@@ -53,14 +53,10 @@ class IndexCore:
         return self._config
 
     def _emit_stored(self, tier: Tier, entries: Sequence[Entry]) -> None:
-        if entries:
-            self._events.extend(
-                stored_events(tier, entries, self._config.num_tokens_per_chunk, self._clock())
-            )
+        self._log.stored(tier, entries)
 
     def _emit_removed(self, tier: Tier, keys: Sequence[BlockKey], reason: str) -> None:
-        if keys:
-            self._events.append(removed_event(tier, keys, self._clock(), reason))
+        self._log.removed(tier, keys, reason)
 
     def _evict_cpu(self, num_rows: int, protected: Set[BlockKey]) -> list[BlockKey]:
         """Evict exactly `num_rows` CPU entries the caller has counted as evictable."""
@@ -73,17 +69,6 @@ class IndexCore:
             candidates.pop(key, None)
         self._emit_removed(Tier.CPU, keys, "evicted")
         return keys
-
-    def _evict_disk(self, num_bytes: int, protected: Set[BlockKey] = frozenset()) -> list[BlockKey]:
-        """Evict disk entries freeing at least `num_bytes`; [] and no change when it cannot."""
-        disk = self._disk
-        if disk is None or num_bytes <= 0:
-            return []
-        num_victims = disk.victims_for(num_bytes, protected)
-        victims = disk.evict(num_victims, protected) if num_victims > 0 else None
-        if not victims:
-            return []
-        return [entry.key for entry in victims]
 
     def _servable_prefix(self, keys: Sequence[BlockKey]) -> tuple[list[Tier], bool]:
         """Where each key of the longest servable prefix lives, and whether CPU room cut it short.

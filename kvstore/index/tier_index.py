@@ -185,10 +185,9 @@ class TierIndex(PromotionOps, WriteThroughOps):
         at once, a pinned one when its last pin goes. Storing entries are left to their
         `complete_*`. Returns the keys taken out of service.
         """
-        table = self._cpu if tier is Tier.CPU else self._disk
-        if table is None:
-            return ()
-        gone = table.take_out_of_service(keys)
+        if tier is Tier.DISK:
+            return () if self._disk_index is None else tuple(self._disk_index.discard(keys, reason))
+        gone = self._cpu.take_out_of_service(keys)
         for key in gone:
             self._candidates.pop(key, None)
         self._emit_removed(tier, gone, reason)
@@ -196,8 +195,7 @@ class TierIndex(PromotionOps, WriteThroughOps):
 
     def take_events(self) -> list[TierEvent]:
         """The events since the last call, oldest first."""
-        events, self._events = self._events, []
-        return events
+        return self._log.take()
 
     def take_write_through_candidates(self) -> list[BlockKey]:
         """Chunks that became ready in CPU and should be written to disk; pass to

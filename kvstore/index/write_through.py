@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvstore.index.core import IndexCore
+from kvstore.index.disk import DiskCandidate
 from kvstore.index.errors import IndexStateError
 from kvstore.index.plans import SeedEntry, WritePlan
 from kvstore.index.table import READY, STORING, Entry
-from kvstore.keys import BlockKey, Tier, short_hex
+from kvstore.keys import BlockKey, short_hex
 
 __all__ = ["WriteThroughOps"]
 
@@ -23,53 +24,38 @@ class WriteThroughOps(IndexCore):
         reported removed and listed in `evicted` for the caller to delete. Keys not ready in CPU
         or already on disk are ignored; eligible keys that do not fit are `skipped`.
         """
-        disk = self._disk
+        disk = self._disk_index
         if disk is None:
             return WritePlan()
         cpu = self._cpu
-        size_bytes = self._config.chunk_bytes
-        eligible: list[Entry] = []
+        eligible: dict[BlockKey, Entry] = {}
         for key in dict.fromkeys(keys):
             entry = cpu.entries.get(key)
-            if entry is not None and entry.state is READY and key not in disk.entries:
-                eligible.append(entry)
-        # Make room for the whole batch in one eviction; key by key only when that cannot.
-        evicted = self._evict_disk(len(eligible) * size_bytes - disk.free_bytes)
-        planned: list[BlockKey] = []
+            if entry is not None and entry.state is READY and key not in disk.table.entries:
+                eligible[key] = entry
+        reservation = disk.reserve(
+            DiskCandidate(e.key, e.parent_key, e.token_ids) for e in eligible.values()
+        )
         rows: list[int] = []
-        skipped: list[BlockKey] = []
-        for entry in eligible:
-            if disk.free_bytes < size_bytes and not skipped:
-                evicted += self._evict_disk(size_bytes - disk.free_bytes)
-            if disk.free_bytes < size_bytes:
-                skipped.append(entry.key)
-                entry.token_ids = None
-                continue
-            cpu.pin(entry)
-            disk.add(entry.key, size_bytes, entry.parent_key, entry.token_ids)
-            entry.token_ids = None
-            planned.append(entry.key)
-            rows.append(entry.row)
-        self._emit_removed(Tier.DISK, evicted, "evicted")
+        for key in reservation.keys:
+            cpu.pin(eligible[key])
+            rows.append(eligible[key].row)
+        for entry in eligible.values():
+            entry.token_ids = None  # the disk entry carries them until its event
         return WritePlan(
-            keys=tuple(planned), rows=tuple(rows), evicted=tuple(evicted), skipped=tuple(skipped)
+            keys=reservation.keys,
+            rows=tuple(rows),
+            evicted=reservation.evicted,
+            skipped=reservation.skipped,
         )
 
     def complete_write_through(self, keys: Iterable[BlockKey], success: bool) -> None:
         """End a `plan_write_through`: disk entries become ready (or are dropped); rows unpinned."""
-        disk = self._disk
+        disk = self._disk_index
         pairs = [self._writing(key) for key in keys]
         if disk is None:
             return
-        if success:
-            for disk_entry, _ in pairs:
-                disk.set_ready(disk_entry)
-            self._emit_stored(Tier.DISK, [disk_entry for disk_entry, _ in pairs])
-            for disk_entry, _ in pairs:
-                disk_entry.token_ids = None
-        else:
-            for disk_entry, _ in pairs:
-                disk.drop(disk_entry)
+        disk.complete([disk_entry.key for disk_entry, _ in pairs], success)
         for _, cpu_entry in pairs:
             self._cpu.unpin(cpu_entry)
 
@@ -80,16 +66,8 @@ class WriteThroughOps(IndexCore):
         """
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        disk = self._disk
-        if disk is None or disk.used_bytes <= max_bytes:
-            return []
-        num_victims = disk.victims_for(disk.used_bytes - max_bytes)
-        if num_victims < 0:
-            num_victims = disk.num_evictable
-        victims = disk.evict(num_victims, frozenset()) or []
-        keys = [entry.key for entry in victims]
-        self._emit_removed(Tier.DISK, keys, reason)
-        return keys
+        disk = self._disk_index
+        return [] if disk is None else disk.evict_to(max_bytes, reason)
 
     def seed_disk(self, entries: Iterable[SeedEntry]) -> list[BlockKey]:
         """Rebuild the disk tier from what the store already holds, most recently used kept.
@@ -98,36 +76,10 @@ class WriteThroughOps(IndexCore):
         tokens known). Keys already indexed are ignored. Returns the chunks that did not fit,
         for the caller to delete from the store.
         """
-        disk = self._disk
+        disk = self._disk_index
         if disk is None:
             raise IndexStateError("seed_disk: the index has no disk tier (disk_capacity_bytes=0)")
-        newest_first = sorted(entries, key=lambda seed: seed.last_access_s, reverse=True)
-        kept: list[SeedEntry] = []
-        seen: set[BlockKey] = set()
-        dropped: list[BlockKey] = []
-        free_bytes = disk.free_bytes
-        for seed in newest_first:
-            if seed.size_bytes <= 0:
-                raise ValueError(
-                    f"seed_disk: chunk {short_hex(seed.key)} has size_bytes {seed.size_bytes}; "
-                    f"a stored chunk must be at least 1 byte"
-                )
-            if seed.key in seen or seed.key in disk.entries:
-                continue
-            seen.add(seed.key)
-            if seed.size_bytes > free_bytes:
-                dropped.append(seed.key)
-                continue
-            free_bytes -= seed.size_bytes
-            kept.append(seed)
-        added: list[Entry] = []
-        for seed in reversed(kept):
-            entry = disk.add(seed.key, seed.size_bytes)
-            disk.set_ready(entry)
-            added.append(entry)
-        for entry in added:
-            self._emit_stored(Tier.DISK, [entry])
-        return dropped
+        return disk.seed(entries)
 
     def _writing(self, key: BlockKey) -> tuple[Entry, Entry]:
         """The disk entry being written and the pinned CPU entry it is read from."""
