@@ -68,7 +68,7 @@ REMOVAL_REASONS: tuple[str, ...] = ("evicted", "deleted", "corrupt", "other")
 SINK_NAMES: tuple[str, ...] = ("zmq", "jsonl")
 """The event sinks kvstore ships (their default names), whose series exist from the start."""
 
-DROP_REASONS: tuple[str, ...] = ("queue_full", "closed", "deadline")
+DROP_REASONS: tuple[str, ...] = ("queue_full", "closed", "deadline", "tier_down")
 AUDIT_RESULTS: tuple[str, ...] = ("verified", "mismatched", "unknown")  # kvstore.transfer.audit
 """Why work or events were dropped: the queue was full, it was closed, or close timed out."""
 

@@ -36,6 +36,7 @@ __all__ = [
     "STORE_NAMESPACES",
     "TIER_CAPACITY_BYTES",
     "TIER_ENTRIES",
+    "TIER_UP",
     "TIER_USED_BYTES",
     "TRANSFERS",
     "TRANSFER_BYTES",
@@ -65,6 +66,7 @@ TRANSFER_SIZE_BYTES = "kvstore_transfer_size_bytes"  # histogram {direction}
 TIER_USED_BYTES = "kvstore_tier_used_bytes"  # {tier}
 TIER_CAPACITY_BYTES = "kvstore_tier_capacity_bytes"  # {tier}
 TIER_ENTRIES = "kvstore_tier_entries"  # {tier}
+TIER_UP = "kvstore_tier_up"  # {tier}: 1 serving, 0 down (its I/O task died for good)
 CPU_USED_ROWS = "kvstore_cpu_used_rows"
 CPU_CAPACITY_ROWS = "kvstore_cpu_capacity_rows"
 
@@ -107,6 +109,7 @@ METRIC_NAMES: tuple[str, ...] = (
     TIER_USED_BYTES,
     TIER_CAPACITY_BYTES,
     TIER_ENTRIES,
+    TIER_UP,
     CPU_USED_ROWS,
     CPU_CAPACITY_ROWS,
     QUEUE_DEPTH,

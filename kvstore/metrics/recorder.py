@@ -100,6 +100,12 @@ class KVStoreMetrics:
         self._store_source: Callable[[], StoreSnapshot | None] | None = None
         r.register(StoreCollector(self._read_store, include_occupancy=False))
 
+        self._tier_up = Gauge(
+            names.TIER_UP, "1 while a tier serves, 0 once its I/O task died for good.", ["tier"],
+            registry=r,
+        )
+        for tier_up in TIERS:
+            self._tier_up.labels(tier_up.value).set(1)
         self._queue_depth = Gauge(names.QUEUE_DEPTH, "Items waiting.", ["queue"], registry=r)
         self._queue_capacity = Gauge(
             names.QUEUE_CAPACITY, "Bound of a queue.", ["queue"], registry=r
@@ -222,6 +228,9 @@ class KVStoreMetrics:
             return None
 
     # -- queues and sinks ----------------------------------------------------------------------
+
+    def set_tier_up(self, tier: Tier, is_up: bool) -> None:
+        self._tier_up.labels(Tier(tier).value).set(1 if is_up else 0)
 
     def set_queue_depth(self, queue: QueueName, depth: int, capacity: int | None = None) -> None:
         label = QueueName(queue).value

@@ -15,20 +15,29 @@ __all__ = ["Completion", "PromotionDone", "WriteDone"]
 
 @dataclass(frozen=True, slots=True)
 class WriteDone:
-    """A write-through batch finished: `ok` keys are on disk, `failed` are not."""
+    """A write batch finished: `ok` keys are on disk, `failed` are not. Queued writes are merged
+    into one transaction, so one WriteDone may answer several `submit_write` calls (match by
+    key); `num_bytes` and `duration_s` describe the whole batch."""
 
     ok: tuple[BlockKey, ...]
     failed: tuple[BlockKey, ...] = ()
+    num_bytes: int = 0
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class PromotionDone:
-    """Disk -> CPU reads finished. `corrupt` and `missing` keys are gone from disk."""
+    """Disk -> CPU reads finished. `corrupt` and `missing` keys are gone from disk (the bytes of
+    their rows are undefined). `tag` is what `submit_promotion` was given; `num_bytes` and
+    `duration_s` describe the read."""
 
     ok: tuple[BlockKey, ...]
     failed: tuple[BlockKey, ...] = ()
     corrupt: tuple[BlockKey, ...] = field(default=())
     missing: tuple[BlockKey, ...] = field(default=())
+    tag: object = None
+    num_bytes: int = 0
+    duration_s: float = 0.0
 
 
 Completion = WriteDone | PromotionDone

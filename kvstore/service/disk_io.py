@@ -2,6 +2,8 @@
 
 Writes (put, delete, touch) run on exactly one thread — LMDB write transactions are
 single-threaded — and reads (promotion) on a small pool; LMDB readers never block the writer.
+Expected failures (a full or failing disk: `TierError`, `OSError`) are returned as results;
+anything else is a bug and propagates, so the owning task dies loudly and is restarted.
 """
 
 from __future__ import annotations
@@ -91,12 +93,14 @@ class DiskIO:
             )
         except StoreFullError as exc:
             logger.warning("kvstore disk tier refused %d chunks: %s", len(keys), exc)
-            return WriteDone(ok=(), failed=keys), self._report("cpu_to_disk", 0, start_s, False)
-        except (TierError, OSError, Exception) as exc:  # lmdb.Error: disk full, I/O error
+            report = self._report("cpu_to_disk", 0, start_s, False)
+            return WriteDone(ok=(), failed=keys, duration_s=report.duration_s), report
+        except (TierError, OSError) as exc:  # a full or failing disk (tiers maps LMDB's errors)
             logger.error("kvstore disk write of %d chunks failed: %s", len(keys), exc)
             report = self._report("cpu_to_disk", 0, start_s, False, num_io_errors=1)
-            return WriteDone(ok=(), failed=keys), report
-        return WriteDone(ok=keys), self._report("cpu_to_disk", num_bytes, start_s, True)
+            return WriteDone(ok=(), failed=keys, duration_s=report.duration_s), report
+        report = self._report("cpu_to_disk", num_bytes, start_s, True)
+        return WriteDone(ok=keys, num_bytes=num_bytes, duration_s=report.duration_s), report
 
     def read(self, items: Sequence[tuple[BlockKey, int]]) -> tuple[PromotionDone, IOReport]:
         """Read each key into its CPU row in one read transaction, verifying checksums."""
@@ -109,7 +113,7 @@ class DiskIO:
             results = self._store.get_many_into(
                 self._ns, [(key, self._rows.row(row)) for key, row in items]
             )
-        except Exception as exc:  # lmdb.Error, OSError: the whole batch is a miss
+        except (TierError, OSError) as exc:  # a failing disk: the whole batch is a miss
             logger.error("kvstore disk read of %d chunks failed: %s", len(items), exc)
             done = PromotionDone(ok=(), failed=tuple(key for key, _ in items))
             return done, self._report("disk_to_cpu", 0, start_s, False, num_io_errors=1)
@@ -122,23 +126,26 @@ class DiskIO:
             else:
                 ok.append(key)
                 num_bytes += result
-        done = PromotionDone(tuple(ok), (), tuple(corrupt), tuple(missing))
         report = self._report(
             "disk_to_cpu", num_bytes, start_s, not (corrupt or missing), len(corrupt)
         )
+        done = PromotionDone(
+            tuple(ok), (), tuple(corrupt), tuple(missing),
+            num_bytes=num_bytes, duration_s=report.duration_s,
+        )  # fmt: skip
         return done, report
 
     def delete(self, keys: Sequence[BlockKey]) -> int:
         try:
             return self._store.delete_many(self._ns, list(keys))
-        except Exception as exc:
+        except (TierError, OSError) as exc:
             logger.error("kvstore disk delete of %d chunks failed: %s", len(keys), exc)
             return 0
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         try:
             self._store.touch_many(self._ns, list(keys), now_s=self._clock())
-        except Exception as exc:
+        except (TierError, OSError) as exc:
             logger.warning("kvstore disk touch of %d chunks failed: %s", len(keys), exc)
 
     def close(self) -> None:

@@ -6,6 +6,12 @@ enters only through the thread-safe `submit_*`/`publish` calls, which never bloc
 queue is bounded in chunks and a full queue drops the write-through (counted), never the step.
 Results come back through `drain_completions()`, which the index's owner applies.
 
+Every background task is owned: a task that dies is logged once, its pending work is failed
+back to the owner (so pinned CPU rows are released and the writes counted as failed), and it
+is restarted, up to `_MAX_RESTARTS` times; after that the disk tier is marked down
+(`kvstore_tier_up{tier="disk"} 0`) and write-throughs are dropped, never silently lost.
+`close()` has one deadline for everything: draining, tasks, sinks and the I/O threads.
+
 Threading: every `submit_*`, `publish`, `drain_completions` and `close` call comes from one
 owner thread (vLLM's scheduler thread); the loop thread owns the queues and tasks; LMDB writes
 run on exactly one executor thread, reads on a small pool.
@@ -14,19 +20,21 @@ run on exactly one executor thread, reads on a small pool.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from kvstore.events import TierEvent
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import Direction, IOOp, KVStoreMetrics, QueueName
-from kvstore.service.completions import Completion, PromotionDone
+from kvstore.service.completions import Completion, PromotionDone, WriteDone
 from kvstore.service.disk_io import DiskIO, IOReport
+from kvstore.service.executors import DaemonExecutor
 from kvstore.service.loop import LoopThread
 
 __all__ = ["EventPublisher", "TierService"]
@@ -35,9 +43,14 @@ logger = logging.getLogger(__name__)
 
 _WRITE_BATCH_CHUNKS = 64
 _TOUCH_FLUSH_INTERVAL_S = 1.0
+_MAX_RESTARTS = 3
 
 
-_WriteJob = tuple[list[tuple[BlockKey, int]], list[BlockKey], Callable[[], object] | None]
+@dataclass(frozen=True, slots=True)
+class _WriteJob:
+    items: list[tuple[BlockKey, int]]
+    victims: list[BlockKey]
+    call: Callable[[], object] | None = None
 
 
 def _run_logged(fn: Callable[[], object]) -> None:
@@ -73,19 +86,23 @@ class TierService:
         self._max_queued_chunks = max_queued_chunks
         self._shutdown_timeout_s = shutdown_timeout_s
         self._loop_thread = LoopThread()
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-lmdb-w")
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-lmdb-r")
+        self._writer = DaemonExecutor(1, "kvstore-lmdb-w")
+        self._readers = DaemonExecutor(2, "kvstore-lmdb-r")
         self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._count_lock = threading.Lock()
         self._num_queued_chunks = 0
         self._num_inflight_promotions = 0
+        self._num_restarts = 0
+        self._is_disk_up = disk is not None
         self._is_closing = False
         self._is_closed = False
         # Loop-thread state (created in _start_async):
-        self._write_queue: asyncio.Queue[_WriteJob]
+        self._write_queue: collections.deque[_WriteJob] = collections.deque()
+        self._has_work: asyncio.Event
+        self._writing: _WriteJob | None = None  # the batch the write loop holds
+        self._idle: asyncio.Event  # set while no write-through is queued or being written
         self._touched: set[BlockKey] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._stop_event: asyncio.Event
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -94,23 +111,38 @@ class TierService:
         self._loop_thread.submit(self._start_async()).result(timeout=10.0)
 
     async def _start_async(self) -> None:
-        self._write_queue = asyncio.Queue()
-        self._stop_event = asyncio.Event()
+        self._has_work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         if self._publisher is not None:
             await self._publisher.start()
         if self._disk is not None:
-            self._spawn(self._write_loop())
-            self._spawn(self._touch_loop())
+            self._spawn(self._write_loop(), self._on_writer_died)
+            self._spawn(self._touch_loop(), self._on_toucher_died)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(
+        self, coro: Coroutine[Any, Any, Any], on_death: Callable[[BaseException], None] | None
+    ) -> asyncio.Task[Any]:
+        """Run `coro` as an owned task: `on_death(exc)` runs if it raises."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            self._tasks.discard(finished)
+            if finished.cancelled() or finished.exception() is None or on_death is None:
+                return
+            on_death(finished.exception() or RuntimeError("task died"))
+
+        task.add_done_callback(done)
         return task
 
     @property
     def has_disk(self) -> bool:
         return self._disk is not None
+
+    @property
+    def is_disk_up(self) -> bool:
+        return self._is_disk_up
 
     @property
     def num_queued_chunks(self) -> int:
@@ -121,35 +153,42 @@ class TierService:
         return self._num_inflight_promotions
 
     def close(self) -> None:
-        """Stop intake, drain with a deadline, cancel, sync and close LMDB, flush sinks."""
+        """Within `shutdown_timeout_s` in all: stop intake, drain the writes, stop the tasks,
+        flush the sinks, stop the I/O threads, then sync and close LMDB (only if no thread
+        still uses it)."""
         if self._is_closed:
             return
         self._is_closing = True
+        deadline_s = time.monotonic() + self._shutdown_timeout_s
         try:
             if self._loop_thread.is_running:
-                future = self._loop_thread.submit(self._close_async())
-                future.result(timeout=self._shutdown_timeout_s + 5.0)
+                future = self._loop_thread.submit(self._close_async(deadline_s))
+                future.result(timeout=max(0.1, deadline_s - time.monotonic()) + 1.0)
         except Exception as exc:
             logger.error("kvstore service shutdown was not clean: %s", exc)
         finally:
-            self._writer.shutdown(wait=True, cancel_futures=True)
-            self._readers.shutdown(wait=True, cancel_futures=True)
-            if self._disk is not None:
+            is_idle = self._writer.shutdown(max(0.0, deadline_s - time.monotonic()))
+            is_idle = self._readers.shutdown(max(0.0, deadline_s - time.monotonic())) and is_idle
+            if self._disk is not None and is_idle:
                 try:
                     self._disk.close()
                 except Exception as exc:
                     logger.error("kvstore could not close the disk store cleanly: %s", exc)
+            elif self._disk is not None:
+                logger.error("kvstore: disk I/O still running at shutdown; the store is left open")
             self._loop_thread.stop()
             self._is_closed = True
 
-    async def _close_async(self) -> None:
-        deadline_s = time.monotonic() + self._shutdown_timeout_s
-        # 1. drain queued writes (the write loop keeps running) until empty or the deadline
-        while self._num_queued_chunks > 0 and time.monotonic() < deadline_s:
-            await asyncio.sleep(0.01)
-        # 2. final touch flush, then stop and cancel background tasks
-        await self._flush_touches()
-        self._stop_event.set()
+    async def _close_async(self, deadline_s: float) -> None:
+        # 1. drain queued writes (the write loop keeps running) until done or the deadline
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline_s - time.monotonic()))
+        except TimeoutError:
+            logger.warning("kvstore: %d queued disk writes dropped at shutdown",
+                           self._num_queued_chunks)  # fmt: skip
+        # 2. final touch flush, then cancel the background tasks
+        if self._is_disk_up:
+            await self._flush_touches()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -162,41 +201,53 @@ class TierService:
     def submit_write(
         self, items: Sequence[tuple[BlockKey, int]], victims: Sequence[BlockKey]
     ) -> bool:
-        """Queue a write-through batch. False = dropped (queue full or closing): not written."""
+        """Queue a write-through batch. False = dropped (queue full, disk down or closing):
+        not written, the caller ends it as failed."""
         if self._disk is None or self._is_closing or (not items and not victims):
             return not items
+        if not self._is_disk_up:
+            self._record_drop(len(items), "tier_down")
+            return not items
         with self._count_lock:
-            if self._num_queued_chunks + len(items) > self._max_queued_chunks:
-                dropped = True
-            else:
-                dropped = False
+            is_full = self._num_queued_chunks + len(items) > self._max_queued_chunks
+            if not is_full:
                 self._num_queued_chunks += len(items)
-        if dropped:
-            if self._metrics is not None:
-                self._metrics.record_queue_drop(QueueName.WRITE_THROUGH, len(items))
+        if is_full:
+            self._record_drop(len(items), "queue_full")
             if victims:  # the index already let them go: delete them anyway
-                self._loop_thread.call_soon(self._enqueue_write, [], list(victims))
+                self._loop_thread.call_soon(self._enqueue, _WriteJob([], list(victims)))
             return False
-        self._loop_thread.call_soon(self._enqueue_write, list(items), list(victims))
+        self._loop_thread.call_soon(self._enqueue, _WriteJob(list(items), list(victims)))
         return True
 
-    def submit_promotion(self, items: Sequence[tuple[BlockKey, int]]) -> bool:
-        """Read disk chunks into their CPU rows; the result arrives as a PromotionDone."""
+    def submit_promotion(self, items: Sequence[tuple[BlockKey, int]], tag: object = None) -> bool:
+        """Read disk chunks into their rows (one read transaction); the result arrives as one
+        PromotionDone carrying `tag`. False = refused (no disk, or closing)."""
         if self._disk is None or self._is_closing:
             return False
         with self._count_lock:
             self._num_inflight_promotions += 1
-        self._loop_thread.call_soon(self._start_promotion, list(items))
+        self._loop_thread.call_soon(self._start_promotion, list(items), tag)
+        return True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block (the owner thread) until no write is queued and no promotion in flight;
+        False if `timeout_s` passed first. Not for the step path: for drains and shutdown."""
+        deadline_s = time.monotonic() + timeout_s
+        while self._num_queued_chunks or self._num_inflight_promotions:
+            if time.monotonic() >= deadline_s:
+                return False
+            time.sleep(0.002)
         return True
 
     def submit_call(self, fn: Callable[[], object]) -> None:
         """Run `fn` on the LMDB writer thread, in order with the queued writes."""
         if self._disk is not None and not self._is_closing:
-            self._loop_thread.call_soon(self._write_queue.put_nowait, ([], [], fn))
+            self._loop_thread.call_soon(self._enqueue, _WriteJob([], [], fn))
 
     def submit_delete(self, keys: Sequence[BlockKey]) -> None:
         if self._disk is not None and keys and not self._is_closing:
-            self._loop_thread.call_soon(self._enqueue_write, [], list(keys))
+            self._loop_thread.call_soon(self._enqueue, _WriteJob([], list(keys)))
 
     def submit_touch(self, keys: Sequence[BlockKey]) -> None:
         if self._disk is not None and keys and not self._is_closing:
@@ -214,73 +265,144 @@ class TierService:
             except queue.Empty:
                 return out
 
-    # -- loop thread ------------------------------------------------------------------------
+    # -- the write loop (loop thread) -------------------------------------------------------
 
-    def _enqueue_write(self, items: list[tuple[BlockKey, int]], victims: list[BlockKey]) -> None:
-        self._write_queue.put_nowait((items, victims, None))
+    def _enqueue(self, job: _WriteJob) -> None:
+        if job.items:
+            self._idle.clear()
+        self._write_queue.append(job)
+        self._has_work.set()
 
     async def _write_loop(self) -> None:
-        assert self._disk is not None
-        loop = asyncio.get_running_loop()
-        carry: _WriteJob | None = None
         while True:
-            job = carry if carry is not None else await self._write_queue.get()
-            carry = None
-            items, victims, call = job
-            if call is not None:
-                await loop.run_in_executor(self._writer, _run_logged, call)
-                continue
-            while len(items) < _WRITE_BATCH_CHUNKS and not self._write_queue.empty():
-                more = self._write_queue.get_nowait()
-                if more[2] is not None:
-                    carry = more  # a call runs after this batch, in order
-                    break
-                items += more[0]
-                victims += more[1]
-            if not items:
-                await loop.run_in_executor(self._writer, self._disk.delete, victims)
-                continue
-            done, report = await loop.run_in_executor(
-                self._writer, self._disk.write, items, victims
-            )
-            with self._count_lock:
-                self._num_queued_chunks -= len(items)
-            self._completions.put(done)
-            self._record(report, IOOp.WRITE)
-            if self._metrics is not None:
-                self._metrics.set_queue_depth(
-                    QueueName.WRITE_THROUGH, self._num_queued_chunks, self._max_queued_chunks
-                )
+            job = await self._next_batch()
+            self._writing = job
+            if job.call is not None:
+                await asyncio.wrap_future(self._writer.submit(_run_logged, job.call))
+            elif not job.items:
+                assert self._disk is not None
+                await asyncio.wrap_future(self._writer.submit(self._disk.delete, job.victims))
+            else:
+                await self._write(job)
+            self._writing = None
+            if not self._write_queue and self._num_queued_chunks == 0:
+                self._idle.set()
 
-    def _start_promotion(self, items: list[tuple[BlockKey, int]]) -> None:
-        self._spawn(self._promote(items))
+    async def _next_batch(self) -> _WriteJob:
+        """The next queued job; consecutive writes merge into one batch (one transaction)."""
+        queue = self._write_queue
+        while not queue:
+            self._has_work.clear()
+            await self._has_work.wait()
+        job = queue.popleft()
+        if job.call is not None:
+            return job
+        items, victims = list(job.items), list(job.victims)
+        while len(items) < _WRITE_BATCH_CHUNKS and queue and queue[0].call is None:
+            more = queue.popleft()  # a call stays queued: it runs after this batch, in order
+            items += more.items
+            victims += more.victims
+        return _WriteJob(items, victims)
 
-    async def _promote(self, items: list[tuple[BlockKey, int]]) -> None:
+    async def _write(self, job: _WriteJob) -> None:
         assert self._disk is not None
-        loop = asyncio.get_running_loop()
+        done, report = await asyncio.wrap_future(
+            self._writer.submit(self._disk.write, job.items, job.victims)
+        )
+        self._finish_write(job, done)
+        self._record(report, IOOp.WRITE)
+
+    def _finish_write(self, job: _WriteJob, done: WriteDone) -> None:
+        with self._count_lock:
+            self._num_queued_chunks -= len(job.items)
+        self._writing = None
+        self._completions.put(done)
+        if self._metrics is not None:
+            self._metrics.set_queue_depth(
+                QueueName.WRITE_THROUGH, self._num_queued_chunks, self._max_queued_chunks
+            )
+
+    def _on_writer_died(self, exc: BaseException) -> None:
+        """Fail the batch in hand and everything queued, then restart or mark the disk down."""
+        logger.error("kvstore disk writer task died: %r", exc, exc_info=exc)
+        failed = [self._writing] if self._writing is not None else []
+        self._writing = None
+        failed += self._write_queue
+        self._write_queue.clear()
+        for job in failed:
+            if job.items:
+                self._finish_write(job, WriteDone(ok=(), failed=tuple(k for k, _ in job.items)))
+                self._record_drop(len(job.items), "tier_down")
+        self._idle.set()
+        if self._restart():
+            self._spawn(self._write_loop(), self._on_writer_died)
+
+    def _restart(self) -> bool:
+        self._num_restarts += 1
+        if self._num_restarts <= _MAX_RESTARTS and not self._is_closing:
+            logger.warning("kvstore: restarting the disk writer (%d of %d)",
+                           self._num_restarts, _MAX_RESTARTS)  # fmt: skip
+            return True
+        if self._is_disk_up:
+            self._is_disk_up = False
+            logger.error("kvstore: disk tier DOWN after %d task failures; write-throughs are "
+                         "dropped until restart", self._num_restarts)  # fmt: skip
+            if self._metrics is not None:
+                self._metrics.set_tier_up(Tier.DISK, False)
+        return False
+
+    # -- promotions and touches (loop thread) -----------------------------------------------
+
+    def _start_promotion(self, items: list[tuple[BlockKey, int]], tag: object) -> None:
+        failed = PromotionDone(ok=(), failed=tuple(key for key, _ in items), tag=tag)
+
+        def died(exc: BaseException) -> None:
+            logger.error("kvstore promotion task died: %r", exc, exc_info=exc)
+            self._end_promotion(failed)
+
+        self._spawn(self._promote(items, failed), died)
+
+    async def _promote(self, items: list[tuple[BlockKey, int]], failed: PromotionDone) -> None:
+        assert self._disk is not None
         try:
-            done, report = await loop.run_in_executor(self._readers, self._disk.read, items)
-        except Exception as exc:  # executor shut down mid-flight
+            done, report = await asyncio.wrap_future(self._readers.submit(self._disk.read, items))
+        except RuntimeError as exc:  # the readers were shut down mid-flight
             logger.warning("kvstore promotion of %d chunks abandoned: %s", len(items), exc)
-            done = PromotionDone(ok=(), failed=tuple(k for k, _ in items))
-            report = IOReport("disk_to_cpu", 0, 0.0, False)
-        if done.corrupt:
-            await loop.run_in_executor(self._writer, self._disk.delete, list(done.corrupt))
+            self._end_promotion(failed)
+            return
+        if done.corrupt and self._is_disk_up:
+            self._enqueue(_WriteJob([], list(done.corrupt)))
+        self._end_promotion(replace(done, tag=failed.tag))
+        self._record(report, IOOp.READ)
+
+    def _end_promotion(self, done: PromotionDone) -> None:
         with self._count_lock:
             self._num_inflight_promotions -= 1
         self._completions.put(done)
-        self._record(report, IOOp.READ)
 
     async def _touch_loop(self) -> None:
-        while not self._stop_event.is_set():
+        while True:
             await asyncio.sleep(_TOUCH_FLUSH_INTERVAL_S)
             await self._flush_touches()
+
+    def _on_toucher_died(self, exc: BaseException) -> None:
+        logger.error("kvstore touch task died (hit times are not recorded): %r", exc)
+        self._touched.clear()
+        if self._num_restarts < _MAX_RESTARTS and not self._is_closing:
+            self._num_restarts += 1
+            self._spawn(self._touch_loop(), self._on_toucher_died)
 
     async def _flush_touches(self) -> None:
         if self._disk is None or not self._touched:
             return
         keys, self._touched = list(self._touched), set()
-        await asyncio.get_running_loop().run_in_executor(self._writer, self._disk.touch, keys)
+        await asyncio.wrap_future(self._writer.submit(self._disk.touch, keys))
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def _record_drop(self, num_chunks: int, reason: str) -> None:
+        if self._metrics is not None and num_chunks:
+            self._metrics.record_queue_drop(QueueName.WRITE_THROUGH, num_chunks, reason)
 
     def _record(self, report: IOReport, op: IOOp) -> None:
         if self._metrics is None:
