@@ -99,12 +99,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._kv_transfer_config.kv_load_failure_policy = self._config.load_failure_policy  # type: ignore[assignment]
         runtime = SchedulerRuntime(self._config, geo)
         runtime.start()
-        assert runtime.index is not None and runtime.service is not None
+        assert runtime.pipeline is not None
         self._runtime = runtime
         self._scheduler = ConnectorScheduler(
             geo,
-            runtime.index,
-            runtime.service,
+            runtime.pipeline,
             runtime.metrics,
             num_workers=int(vllm_config.parallel_config.tensor_parallel_size),
             sync_load_budget_bytes=self._config.sync_load_budget_bytes,
@@ -117,6 +116,13 @@ class KVStoreConnector(KVConnectorBase_V1):
             if self._config.has_disk else "off",
             runtime.namespace,
         )  # fmt: skip
+
+    @classmethod
+    def supports_sleep_mode(cls) -> bool:
+        """vLLM >= 0.33 frees and re-creates the KV caches on sleep/wake and tells connectors
+        through `unregister_kv_caches`/`restore_kv_caches`; kvstore's workers hold views of
+        those tensors, so it declines sleep mode rather than copy into freed memory."""
+        return False
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -22,12 +22,9 @@ class RequestState:
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
     is_sync_load: bool = False  # the planned load runs before the forward of its step
-    promoting: set[BlockKey] = field(default_factory=set)  # promotion in flight for this request
-    held: set[BlockKey] = field(default_factory=set)  # promotion holds to release
-    from_disk: set[BlockKey] = field(default_factory=set)  # hits promoted from disk (metrics)
     num_computed_at_lookup: int = 0
+    hit_tiers: dict[BlockKey, Tier] = field(default_factory=dict)  # where the last hit was found
     load_tokens: dict[Tier, int] = field(default_factory=dict)  # last load, by source tier
-    is_lookup_recorded: bool = False
     is_finished: bool = False
     is_waiting_for_stores: bool = False  # request_finished returned True
 

@@ -1,4 +1,5 @@
-"""The scheduler process's resources: CPU region, LMDB store, index, service, metrics, sinks.
+"""The scheduler process's resources: CPU region, LMDB store, index, service, pipeline,
+metrics, sinks.
 
 `SchedulerRuntime.start()` builds them in order and `close()` tears them down with a deadline,
 collecting errors: stop the metrics endpoint, stop intake, drain disk writes, flush the event
@@ -30,6 +31,7 @@ from kvstore.metrics import (
     store_snapshot,
 )
 from kvstore.namespace import NamespaceDescriptor, namespace_id
+from kvstore.pipeline import TierPipeline
 from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO
 from kvstore.vllm.geometry import EngineGeometry
@@ -56,6 +58,7 @@ class SchedulerRuntime:
         self.store: LMDBStore | None = None
         self.index: TierIndex | None = None
         self.service: TierService | None = None
+        self.pipeline: TierPipeline | None = None
         self.metrics_server: MetricsServer | None = None
         self._is_layout_registered = False
 
@@ -116,6 +119,12 @@ class SchedulerRuntime:
             shutdown_timeout_s=config.shutdown_timeout_s,
         )
         self.service.start()
+        self.pipeline = TierPipeline(
+            self.index,
+            self.service,
+            [self.metrics],
+            num_tokens_per_chunk=geo.num_tokens_per_chunk,
+        )
         self._start_metrics(num_rows)
 
     def _open_store(self, path: Path, capacity_bytes: int) -> LMDBStore | None:

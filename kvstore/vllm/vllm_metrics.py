@@ -8,6 +8,7 @@ The full set, with histograms and occupancy, stays on kvstore's own endpoint (`m
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,22 @@ class StepCounters:
         if n:
             self._counts[key] += n
 
-    def add_events(self, events: list[TierEvent]) -> None:
+    # -- kvstore.pipeline.PipelineObserver ---------------------------------------------------
+
+    def record_lookup(
+        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
+    ) -> None:
+        self.add("lookup_tokens", num_tokens)
+        for tier, (_, tokens) in hits_by_tier.items():
+            self.add(f"hit_tokens/{Tier(tier).value}", tokens)
+
+    def record_load_failure(self, num_chunks: int) -> None:
+        self.add("load_failed_chunks", num_chunks)
+
+    def record_events(self, events: Sequence[TierEvent]) -> None:
+        self.add_events(events)
+
+    def add_events(self, events: Sequence[TierEvent]) -> None:
         for event in events:
             tier = Tier(event.tier).value
             if isinstance(event, ChunkStored):

@@ -1,0 +1,293 @@
+"""`TierPipeline`: the data path engine -> CPU -> disk and back, as prepare/complete operations.
+
+It owns the index (placement), the tier service (disk I/O off the caller's thread) and the
+observers (kvstore's metrics, vLLM's per-step counters), and keeps the pipeline's rules in one
+place: a lookup that finds disk-only chunks promotes them into CPU rows and answers "pending"
+until they land; loads pin CPU rows until they complete; a completed store is written through
+to disk; failed work rolls back and is counted; every placement change becomes an event that
+every observer sees once. Adapters (vLLM's scheduler half) translate their calls into these
+operations and decide nothing about tiers.
+
+Threading: one owner thread (vLLM's scheduler thread) calls everything; the service's results
+are applied at the owner's next call (`poll`), so the index stays single-threaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvstore.events import TierEvent
+from kvstore.index import TierIndex
+from kvstore.index.plans import LoadPlan, StorePlan
+from kvstore.keys import BlockKey, Tier, short_hex
+from kvstore.service import PromotionDone, TierService, WriteDone
+
+__all__ = ["LookupAnswer", "PipelineObserver", "TierPipeline"]
+
+logger = logging.getLogger(__name__)
+
+
+class PipelineObserver(Protocol):
+    """What the pipeline reports (`kvstore.metrics.KVStoreMetrics` is one)."""
+
+    def record_lookup(
+        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
+    ) -> None: ...
+
+    def record_load_failure(self, num_chunks: int) -> None: ...
+
+    def record_events(self, events: Sequence[TierEvent]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LookupAnswer:
+    """`is_pending`: ask again later (chunks are being promoted). Otherwise the first
+    `len(tiers)` keys are ready in CPU now; `tiers[i]` is where chunk i was found."""
+
+    tiers: tuple[Tier, ...] = ()
+    is_pending: bool = False
+
+    @property
+    def num_hits(self) -> int:
+        return len(self.tiers)
+
+
+_PENDING = LookupAnswer(is_pending=True)
+
+
+@dataclass(slots=True)
+class _Owner:
+    """One requester's promotion state (a vLLM request)."""
+
+    promoting: set[BlockKey] = field(default_factory=set)  # promotions in flight
+    held: set[BlockKey] = field(default_factory=set)  # holds to release at load or abandon
+    sources: dict[BlockKey, Tier] = field(default_factory=dict)  # promoted from a lower tier
+    is_lookup_recorded: bool = False
+
+
+class TierPipeline:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        index: TierIndex,
+        service: TierService,
+        observers: Sequence[PipelineObserver] = (),
+        *,
+        num_tokens_per_chunk: int,
+    ) -> None:
+        self._index = index
+        self._service = service
+        self._observers = list(observers)
+        self._num_tokens_per_chunk = num_tokens_per_chunk
+        self._owners: dict[str, _Owner] = {}
+        self._promoted_by: dict[BlockKey, str] = {}
+        self._events: list[TierEvent] = []
+
+    @property
+    def index(self) -> TierIndex:
+        return self._index
+
+    def add_observer(self, observer: PipelineObserver) -> None:
+        self._observers.append(observer)
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def prepare_lookup(
+        self, owner: str, keys: Sequence[BlockKey], *, skip_tokens: int = 0
+    ) -> LookupAnswer:
+        """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
+        promoted first (the answer is pending until they land). `skip_tokens` of the first
+        chunk are the requester's own (not counted as served). Holds the hits until
+        `prepare_load` or `release`."""
+        self.poll()
+        state = self._owners.setdefault(owner, _Owner())
+        if state.promoting:
+            return _PENDING
+        self._release_holds(state)  # asked again: start from a clean slate
+        result = self._index.lookup(keys)
+        if any(key in self._promoted_by for key in result.keys):
+            return _PENDING  # another requester is promoting part of this prefix
+        num_hits = result.num_hits
+        if result.num_disk_hits:
+            if self._start_promotion(owner, state, result.keys):
+                return _PENDING
+            num_hits = _leading(result.tiers, Tier.CPU)
+        tiers = tuple(state.sources.get(key, Tier.CPU) for key in keys[:num_hits])
+        self._record_lookup(state, len(keys), skip_tokens, tiers)
+        if not tiers:
+            self._release_holds(state)
+        self._pump_events()
+        return LookupAnswer(tiers)
+
+    def _start_promotion(self, owner: str, state: _Owner, keys: Sequence[BlockKey]) -> bool:
+        plan = self._index.plan_promotion(list(keys))
+        state.held.update(plan.held)
+        if not plan.keys:
+            return False
+        if not self._service.submit_promotion(list(plan.items())):
+            self._index.complete_promotion(plan.keys, False)
+            return False
+        state.promoting.update(plan.keys)
+        for key in plan.keys:
+            state.sources[key] = Tier.DISK
+            self._promoted_by[key] = owner
+        self._pump_events()
+        return True
+
+    def _record_lookup(
+        self, state: _Owner, num_chunks: int, skip_tokens: int, tiers: Sequence[Tier]
+    ) -> None:
+        """Count one lookup per requester, in tokens it did not already have."""
+        if state.is_lookup_recorded:
+            return
+        state.is_lookup_recorded = True
+        chunk_tokens = self._num_tokens_per_chunk
+        hits: dict[Tier, tuple[int, int]] = {Tier.CPU: (0, 0), Tier.DISK: (0, 0)}
+        for i, tier in enumerate(tiers):
+            chunks, tokens = hits[tier]
+            hits[tier] = (chunks + 1, tokens + chunk_tokens - (skip_tokens if i == 0 else 0))
+        for observer in self._observers:
+            observer.record_lookup(num_chunks, num_chunks * chunk_tokens - skip_tokens, hits)
+
+    def release(self, owner: str) -> None:
+        """The requester will not load what its lookup held (abandoned or asked again)."""
+        state = self._owners.get(owner)
+        if state is not None:
+            self._release_holds(state)
+
+    def forget(self, owner: str) -> None:
+        """The requester is done; its promotions in flight release their chunks on landing."""
+        state = self._owners.pop(owner, None)
+        if state is not None:
+            self._release_holds(state)
+
+    # -- loads ------------------------------------------------------------------------------
+
+    def prepare_load(self, owner: str, keys: Sequence[BlockKey]) -> LoadPlan:
+        """Pin the chunks for a CPU -> engine copy (the lookup's holds pass to the pins)."""
+        plan = self._index.prepare_load(keys)
+        state = self._owners.get(owner)
+        if state is not None:
+            self._release_holds(state)
+        self._service.submit_touch(plan.keys)  # last access and hit count on disk, batched
+        if plan.missing:
+            logger.warning("kvstore: %d chunk(s) vanished before their load; recomputed",
+                           len(plan.missing))  # fmt: skip
+        return plan
+
+    def complete_load(self, keys: Sequence[BlockKey], *, ok: bool) -> None:
+        self._index.complete_load(keys)
+        if not ok:
+            for observer in self._observers:
+                observer.record_load_failure(len(keys))
+
+    # -- stores -----------------------------------------------------------------------------
+
+    def prepare_store(
+        self,
+        keys: Sequence[BlockKey],
+        *,
+        token_ids: Sequence[int] | None = None,
+        parent_key: BlockKey | None = None,
+    ) -> StorePlan | None:
+        """Reserve CPU rows for an engine -> CPU copy (None: no room at all)."""
+        plan = self._index.prepare_store(keys, token_ids=token_ids, parent_key=parent_key)
+        self._pump_events()
+        return plan
+
+    def complete_store(self, keys: Sequence[BlockKey], *, ok: bool) -> None:
+        """The copy landed (or failed): the chunks become ready and are written through."""
+        self._index.complete_store(keys, ok)
+        self._write_through()
+        self._pump_events()
+
+    def _write_through(self) -> None:
+        candidates = self._index.take_write_through_candidates()
+        if not candidates or not self._service.has_disk:
+            return
+        plan = self._index.plan_write_through(candidates)
+        if not plan.keys and not plan.evicted:
+            return
+        if not self._service.submit_write(list(plan.items()), list(plan.evicted)):
+            self._index.complete_write_through(plan.keys, False)
+
+    # -- completions, events ----------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Apply the tier service's finished work (disk writes, promotions)."""
+        for done in self._service.drain_completions():
+            if isinstance(done, WriteDone):
+                self._index.complete_write_through(done.ok, True)
+                self._index.complete_write_through(done.failed, False)
+            elif isinstance(done, PromotionDone):
+                self._finish_promotion(done)
+        self._pump_events()
+
+    def _finish_promotion(self, done: PromotionDone) -> None:
+        index = self._index
+        index.complete_promotion(done.ok, True)
+        lost = done.failed + done.corrupt + done.missing
+        index.complete_promotion(lost, False)
+        if done.corrupt:
+            index.discard(done.corrupt, Tier.DISK, "corrupt")
+        if done.missing:
+            index.discard(done.missing, Tier.DISK, "missing")
+        landed = set(done.ok)
+        for key in done.ok + lost:
+            owner = self._promoted_by.pop(key, None)
+            state = self._owners.get(owner) if owner is not None else None
+            if state is None:  # the requester is gone: let the chunk go
+                if key in landed:
+                    index.release([key])
+                continue
+            state.promoting.discard(key)
+            if key in landed:
+                state.held.add(key)
+            else:
+                state.sources.pop(key, None)
+        for key in lost:
+            logger.info("kvstore: promotion of chunk %s failed; it will be recomputed",
+                        short_hex(key))  # fmt: skip
+
+    def take_events(self) -> list[TierEvent]:
+        """Placement events since the last call (already counted by every observer)."""
+        self._pump_events()
+        events, self._events = self._events, []
+        return events
+
+    def _pump_events(self) -> None:
+        events = self._index.take_events()
+        if not events:
+            return
+        for observer in self._observers:
+            observer.record_events(events)
+        self._service.publish(events)
+        self._events.extend(events)
+
+    def settle(self) -> None:
+        """Apply finished disk work now (tests and shutdown)."""
+        self.poll()
+        self._write_through()
+        self._pump_events()
+
+    def _release_holds(self, state: _Owner) -> None:
+        if state.held:
+            self._index.release(list(state.held))
+            state.held.clear()
+
+    @property
+    def num_owners(self) -> int:
+        return len(self._owners)
+
+
+def _leading(tiers: Sequence[Tier], tier: Tier) -> int:
+    count = 0
+    for found in tiers:
+        if found is not tier:
+            break
+        count += 1
+    return count

@@ -1,0 +1,166 @@
+"""The scheduler half of KVStoreConnector with fakes of vLLM's objects (no engine, fast).
+
+Drives `ConnectorScheduler` the way vLLM's scheduler does (lookup, allocation, per-step
+metadata, worker results, request end) over a real index, tier service and metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from kvstore.keys import Tier
+from kvstore.transfer.jobs import JobKind
+from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
+
+from .fakes import (
+    BLOCK,
+    FakeBlocks,
+    FakeConnectorOutput,
+    FakeRequest,
+    FakeSchedulerOutput,
+    Harness,
+    NewReq,
+    make_harness,
+)
+
+PROMPT = list(range(100, 111))  # 11 tokens: 2 full chunks can be stored, the last token computed
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    made = make_harness()
+    yield made
+    made.close()
+
+
+def step(h: Harness, request: FakeRequest, block_ids: list[int]) -> KVStoreConnectorMetadata:
+    """vLLM schedules all of `request`'s remaining tokens in one step."""
+    output = FakeSchedulerOutput(
+        scheduled_new_reqs=[NewReq(request.request_id, (block_ids,))],
+        num_scheduled_tokens={request.request_id: request.num_tokens - request.num_computed_tokens},
+    )
+    return h.scheduler.build_connector_meta(output)  # type: ignore[arg-type]
+
+
+def report(
+    h: Harness, *job_ids: int, failed: bool = False, finished: frozenset[str] = frozenset()
+) -> None:
+    counts = {job_id: 1 for job_id in job_ids}
+    meta = KVStoreWorkerMetadata(failed=counts) if failed else KVStoreWorkerMetadata(counts)
+    h.scheduler.update_connector_output(FakeConnectorOutput(meta, finished_sending=set(finished)))  # type: ignore[arg-type]
+
+
+def store_prompt(h: Harness, request: FakeRequest, block_ids: list[int]) -> None:
+    h.scheduler.track(request)  # type: ignore[arg-type]
+    assert h.scheduler.get_num_new_matched_tokens(request, 0) == (0, False)  # type: ignore[arg-type]
+    h.scheduler.update_state_after_alloc(request, FakeBlocks(block_ids), 0)  # type: ignore[arg-type]
+    meta = step(h, request, block_ids)
+    (job,) = meta.store_jobs
+    assert job.kind is JobKind.STORE
+    assert [s.block_ids for s in job.segments] == [(b,) for b in block_ids[:2]]
+    assert h.scheduler.has_pending_work()  # the job is on the workers
+    report(h, job.job_id)
+    assert not h.scheduler.has_pending_work()
+    request.num_computed_tokens = request.num_tokens
+
+
+def test_stores_full_chunks_then_serves_them_synchronously(harness: Harness) -> None:
+    first = FakeRequest("a", PROMPT)
+    store_prompt(harness, first, [0, 1, 2])
+    assert len(harness.index.ready_keys(Tier.CPU)) == 2
+    assert harness.scheduler.request_finished(first) == (False, None)  # type: ignore[arg-type]
+
+    again = FakeRequest("b", PROMPT)
+    harness.scheduler.track(again)  # type: ignore[arg-type]
+    hit = harness.scheduler.get_num_new_matched_tokens(again, 0)  # type: ignore[arg-type]
+    assert hit == (2 * BLOCK, False)  # a CPU hit in budget: loaded before this step's forward
+    harness.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+    meta = step(harness, again, [7, 8, 9])
+    (load,) = meta.load_jobs
+    assert load.is_sync and [s.block_ids for s in load.segments] == [(7,), (8,)]
+    assert all(s.row >= 0 and s.key for s in load.segments)
+    assert harness.index.stats().cpu.num_pinned == 2  # pinned until the workers report
+    report(harness, load.job_id)
+    assert harness.index.stats().cpu.num_pinned == 0
+    harness.index.check_invariants()
+
+
+def test_a_hit_over_the_step_budget_loads_asynchronously() -> None:
+    h = make_harness(sync_budget_chunks=1)
+    try:
+        store_prompt(h, FakeRequest("a", PROMPT), [0, 1, 2])
+        again = FakeRequest("b", PROMPT)
+        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (2 * BLOCK, True)  # type: ignore[arg-type]
+        h.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+        (load,) = step(h, again, [7, 8, 9]).load_jobs
+        assert not load.is_sync
+    finally:
+        h.close()
+
+
+def test_a_failed_load_is_counted_and_unpins(harness: Harness) -> None:
+    store_prompt(harness, FakeRequest("a", PROMPT), [0, 1, 2])
+    again = FakeRequest("b", PROMPT)
+    harness.scheduler.get_num_new_matched_tokens(again, 0)  # type: ignore[arg-type]
+    harness.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+    (load,) = step(harness, again, [7, 8, 9]).load_jobs
+    report(harness, load.job_id, failed=True)
+    registry = harness.metrics.registry
+    assert registry.get_sample_value("kvstore_load_failed_chunks_total") == 2
+    assert harness.index.stats().cpu.num_pinned == 0
+
+
+def test_a_finished_request_waits_for_its_stores(harness: Harness) -> None:
+    request = FakeRequest("a", PROMPT)
+    harness.scheduler.track(request)  # type: ignore[arg-type]
+    harness.scheduler.get_num_new_matched_tokens(request, 0)  # type: ignore[arg-type]
+    (job,) = step(harness, request, [0, 1, 2]).store_jobs
+    assert harness.scheduler.request_finished(request) == (True, None)  # type: ignore[arg-type]
+    meta = harness.scheduler.build_connector_meta(FakeSchedulerOutput())  # type: ignore[arg-type]
+    assert meta.finished_store_reqs == ["a"]  # the workers report it once its stores are done
+    report(harness, job.job_id, finished=frozenset({"a"}))
+    assert harness.scheduler.num_tracked_requests == 0
+    assert len(harness.index.ready_keys(Tier.CPU)) == 2
+
+
+def test_disk_hits_are_promoted_before_they_load() -> None:
+    h = make_harness(num_cpu_rows=2, disk_chunks=8)
+    try:
+        store_prompt(h, FakeRequest("a", PROMPT), [0, 1, 2])
+        wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 2)
+        other = FakeRequest("o", list(range(200, 211)))
+        store_prompt(h, other, [3, 4, 5])  # evicts PROMPT's chunks from the 2 CPU rows
+        wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 4)
+        again = FakeRequest("b", PROMPT)
+        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (None, False)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5
+        while (hit := h.scheduler.get_num_new_matched_tokens(again, 0))[0] is None:  # type: ignore[arg-type]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert hit == (2 * BLOCK, False)
+        h.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+        (load,) = step(h, again, [7, 8, 9]).load_jobs
+        report(h, load.job_id)
+        h.index.check_invariants()
+        registry = h.metrics.registry
+        disk_hits = registry.get_sample_value("kvstore_hit_tokens_total", {"tier": "disk"})
+        assert disk_hits == 2 * BLOCK
+    finally:
+        h.close()
+
+
+def wait_until(predicate: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_sleep_mode_is_declined() -> None:
+    """vLLM 0.33 frees the KV caches on sleep; the workers hold views of them."""
+    from kvstore.vllm import KVStoreConnector
+
+    assert KVStoreConnector.supports_sleep_mode() is False
