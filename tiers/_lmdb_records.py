@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import time
 from collections.abc import Iterator
@@ -282,14 +283,27 @@ def counts(txn: lmdb.Transaction[Any], shared: SharedEnv) -> dict[int, tuple[int
 def _decode_counts(
     txn: lmdb.Transaction[Any], shared: SharedEnv, prefix: bytes, raw: bytes | memoryview
 ) -> tuple[int, int]:
-    if len(raw) == COUNTS.size:
+    why = _implausible(shared, raw)
+    if not why:
         num_entries, used_bytes = COUNTS.unpack(raw)
         return int(num_entries), int(used_bytes)
     logger.warning(
-        "counts record of ordinal %d in %s is damaged (%d bytes); recounting it",
-        ORDINAL.unpack(prefix)[0], shared.path, len(raw),
+        "counts record of ordinal %d in %s is damaged (%s); recounting it",
+        ORDINAL.unpack(prefix)[0], shared.path, why,
     )  # fmt: skip
     return recount(txn, shared, prefix)
+
+
+def _implausible(shared: SharedEnv, raw: bytes | memoryview) -> str:
+    """Why a counts record cannot be right ("" if it can): its size, or more bytes used than
+    the whole data file holds (which would refuse every write as 'full')."""
+    if len(raw) != COUNTS.size:
+        return f"{len(raw)} bytes"
+    used_bytes = COUNTS.unpack(raw)[1]
+    file_bytes = os.fstat(shared.data_fd).st_size if shared.data_fd >= 0 else used_bytes
+    if used_bytes > file_bytes:
+        return f"{used_bytes} bytes used in a {file_bytes}-byte data file"
+    return ""
 
 
 def recount(txn: lmdb.Transaction[Any], shared: SharedEnv, prefix: bytes) -> tuple[int, int]:
@@ -320,7 +334,7 @@ def add_counts(
     lied about its size) are clamped and logged, so deleting damaged entries still works."""
     counts_db = shared.dbs[b"counts"]
     raw = txn.get(prefix, db=counts_db)
-    if raw is not None and len(raw) != COUNTS.size:  # recounted: already includes this change
+    if raw is not None and _implausible(shared, raw):  # recounted: includes this change
         txn.put(prefix, COUNTS.pack(*_decode_counts(txn, shared, prefix, raw)), db=counts_db)
         return
     entries, used = (0, 0) if raw is None else COUNTS.unpack(raw)

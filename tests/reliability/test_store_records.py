@@ -185,6 +185,15 @@ def test_a_damaged_counts_record_is_recounted(store: Path, raw: bytes) -> None:
         assert opened.stats().namespaces[B].used_bytes == 410
 
 
+def test_a_counts_record_claiming_more_than_the_file_holds_is_recounted(store: Path) -> None:
+    """Else every write is refused as 'full' forever, and nothing (not even verify --repair)
+    rewrites the record."""
+    poke(store, b"counts", struct.pack(">I", 1), struct.pack("<QQ", 0, 1 << 56))
+    with LMDBStore.open(store, capacity_bytes=1 << 20) as opened:
+        opened.put_many(B, [(b"new", b"n" * 10)])
+        assert opened.stats().namespaces[A].used_bytes == 600
+
+
 def test_a_counts_record_under_a_bad_key_is_ignored(store: Path) -> None:
     poke(store, b"counts", b"\x01", b"0" * 16)
     with LMDBStore.open(store, capacity_bytes=1 << 20) as opened:
