@@ -38,6 +38,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "SHORT_KEY_CHARS",
     "UsageError",
     "cli_errors",
     "confirm",
@@ -50,6 +51,7 @@ __all__ = [
     "relative_time",
     "resolve_key",
     "resolve_namespaces",
+    "short_key",
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -188,6 +190,17 @@ def resolve_key(store: LMDBStore, prefix: str, namespaces: Sequence[str]) -> Ent
     if meta is None:
         raise KeyLookupError(f"chunk {key.hex()[:16]} vanished while reading (deleted meanwhile)")
     return meta
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+SHORT_KEY_CHARS = 16  # hex digits: 64 bits tell a store's chunks apart
+
+
+def short_key(key: bytes) -> str:
+    """A chunk key as tables and messages show it: 16 hex digits, never fewer (a table that
+    lacks room wraps its other columns, see `_describe.new_table`)."""
+    return key.hex()[:SHORT_KEY_CHARS]
 
 
 # -- confirmation -----------------------------------------------------------------------------

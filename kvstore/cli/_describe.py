@@ -10,7 +10,7 @@ from rich import box
 from rich.console import JustifyMethod
 from rich.table import Table
 
-from kvstore.cli._common import iso_time
+from kvstore.cli._common import SHORT_KEY_CHARS, iso_time
 from tiers.errors import TierConfigError
 from tiers.layout import ChunkLayout
 from tiers.store import EntryMeta
@@ -34,14 +34,32 @@ class ChecksumState(StrEnum):
     VANISHED = "vanished"  # deleted (by a live engine or another tool) while being read
 
 
-def new_table(*columns: str, numeric: tuple[str, ...] = (), title: str | None = None) -> Table:
-    """A table with `numeric` columns right-aligned."""
+def new_table(
+    *columns: str,
+    numeric: tuple[str, ...] = (),
+    keys: tuple[str, ...] = (),
+    wrap: tuple[str, ...] = (),
+    title: str | None = None,
+) -> Table:
+    """A table with `numeric` columns right-aligned. `keys` columns hold short keys and are never
+    cut, not even in a pipe (where rich assumes 80 columns): such a table packs its columns
+    closer, and the `wrap` columns wrap when that is not enough."""
     table = Table(
-        title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, show_edge=False
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=bool(keys),
     )
     for column in columns:
         justify: JustifyMethod = "right" if column in numeric else "left"
-        table.add_column(column, justify=justify, no_wrap=True)
+        if column in keys:
+            table.add_column(column, justify=justify, no_wrap=True, min_width=SHORT_KEY_CHARS)
+        elif column in wrap:
+            table.add_column(column, justify=justify, overflow="fold")
+        else:
+            table.add_column(column, justify=justify, no_wrap=True)
     return table
 
 

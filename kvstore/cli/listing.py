@@ -27,6 +27,7 @@ from kvstore.cli._common import (
     open_store,
     relative_time,
     resolve_namespaces,
+    short_key,
 )
 from kvstore.cli._describe import (
     ChecksumState,
@@ -37,7 +38,6 @@ from kvstore.cli._describe import (
 )
 from kvstore.cli._reading import ChunkReader
 from kvstore.cli.app import app
-from kvstore.keys import short_hex
 from tiers.lmdb import LMDBStore
 from tiers.store import EntryMeta, StoreStats
 
@@ -238,10 +238,15 @@ def _iter_all(store: LMDBStore, namespaces: list[str]) -> Iterable[EntryMeta]:
 def _print_ls(rows: list[dict[str, Any]], num_total: int) -> None:
     console, now = Console(highlight=False), time.time()
     columns = ("key", "namespace", "size", "hits", "created", "accessed", "checksum")
-    table = new_table(*columns, numeric=("size", "hits", "created", "accessed"))
+    table = new_table(
+        *columns,
+        numeric=("size", "hits", "created", "accessed"),
+        keys=("key",),
+        wrap=("size", "created", "accessed"),
+    )
     for row in rows:
         table.add_row(
-            short_hex(bytes.fromhex(row["key"])),
+            short_key(bytes.fromhex(row["key"])),
             row["namespace"][:8],
             format_bytes(row["size_bytes"]),
             f"{row['num_hits']:,}",

@@ -26,6 +26,7 @@ from kvstore.cli._common import (
     err_console,
     open_store,
     resolve_namespaces,
+    short_key,
 )
 from kvstore.cli._describe import ChecksumState, new_table
 from kvstore.cli._reading import ChunkReader
@@ -121,9 +122,12 @@ def _print_report(report: VerifyReport, *, repair: bool) -> None:
         "while reading"
     )
     if report.bad:
-        table = new_table("key", "namespace", "error", title="corrupt chunks")
+        table = new_table(
+            "key", "namespace", "error", keys=("key",), wrap=("namespace", "error"),
+            title="corrupt chunks",
+        )  # fmt: skip
         for bad in report.bad:
-            table.add_row(bad.key.hex()[:16], bad.namespace, escape(bad.error))
+            table.add_row(short_key(bad.key), bad.namespace, escape(bad.error))
         console.print(table)
     if repair:
         console.print(f"repaired: deleted {report.num_repaired:,} corrupt chunks")

@@ -125,8 +125,8 @@ def test_ls_hits_order_follows_touches(built: BuiltStore) -> None:
 def test_ls_human_has_short_keys_and_a_count(built: BuiltStore) -> None:
     result = run("ls", built.path, "--limit", "3")
     assert result.exit_code == 0, result.stderr
-    assert built.keys[BARE][1].hex()[:12] in result.stdout
-    assert built.keys[BARE][1].hex()[:13] not in result.stdout
+    assert built.keys[BARE][1].hex()[:16] in result.stdout  # the 16-hex short key (issue 14)
+    assert built.keys[BARE][1].hex()[:17] not in result.stdout
     assert "3 of 10 chunks" in result.stdout
     assert "unverified" in result.stdout
 
