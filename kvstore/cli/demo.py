@@ -1,24 +1,41 @@
-"""`kvstore demo`: the main job, on the embedded default (tiny local model, CPU engine)."""
+"""`kvstore demo`: the main job, on the embedded default (tiny local model, CPU engine).
+
+The terminal shows kvstore's lines only: progress bars over the turns, then the report, the
+picture's path and what to do next. vLLM's and torch's own output goes to `<dir>/vllm.log`
+(`-v` shows it on stderr instead); a failure prints one line naming the error and the log.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from kvstore.cli._common import EXIT_FAILURE, emit_json, err_console, fail
 from kvstore.cli.app import app
-from kvstore.oracle import Verdict
+from kvstore.demo.console import EngineOutput, engine_output
+from kvstore.demo.options import DemoOptions
+from kvstore.demo.picture import PLOT_HINT, draw_turns, has_matplotlib
+from kvstore.demo.progress import DemoProgress
+from kvstore.demo.report import (
+    DemoFiles,
+    next_steps,
+    print_next_steps,
+    print_report,
+    report_data,
+)
 
 if TYPE_CHECKING:
     from kvstore.demo.runner import DemoResult
 
-_err = Console(stderr=True)
+LOG_NAME = "vllm.log"
+PICTURE_NAME = "demo.png"
 
 
 @app.command()
@@ -32,15 +49,16 @@ def demo(
         bool, typer.Option(help="Also run without kvstore and compare outputs.")
     ] = True,
     metrics_port: Annotated[int, typer.Option(help="Metrics port (0 = any free port).")] = 0,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "-v", "--verbose", help=f"vLLM's own output on stderr, not in DIR/{LOG_NAME}."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Run the real vLLM engine with KVStoreConnector on a multi-turn chat workload."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for the report
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.basicConfig(level=logging.WARNING)
-    from kvstore.demo.runner import DemoOptions, run_demo
-
+    _configure_logging(verbose=verbose)
     options = DemoOptions(
         directory=directory,
         num_conversations=conversations,
@@ -48,108 +66,89 @@ def demo(
         metrics_port=metrics_port,
         compare_baseline=baseline,
     )
-    result = run_demo(options, on_progress=lambda m: _err.print(f"[dim]·[/dim] {m}"))
-    data = _report_data(result)
+    result, files = _run(options, verbose=verbose)
+    data = report_data(result, files)
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        emit_json(data)
+        if not has_matplotlib():
+            err_console().print(escape(PLOT_HINT))
     else:
-        _print_report(data)
+        _print_human(data, files, directory)
     if not result.is_correct:
-        _err.print(f"[red]kvstore demo: the correctness check FAILED: {data['oracle']}[/red]")
-        raise typer.Exit(1)
-
-
-def _report_data(result: DemoResult) -> dict[str, Any]:
-    checks = [result.audit.describe() if result.audit is not None else "no load audit"]
-    if result.outputs is not None:
-        checks.append(result.outputs.describe())
-    return {
-        "store_path": str(result.store_path),
-        "metrics_url": result.metrics_url,
-        "num_requests": result.num_requests,
-        "prompt_tokens": result.prompt_tokens,
-        "kvstore_hit_tokens": result.kvstore_hit_tokens,
-        "engine_prefix_cache_hit_tokens": result.engine_hit_tokens,
-        "prefill_tokens": result.prefill_tokens,
-        "baseline_prefill_tokens": result.baseline_prefill_tokens,
-        "elapsed_s": round(result.elapsed_s, 3),
-        "baseline_elapsed_s": None
-        if result.baseline_elapsed_s is None
-        else round(result.baseline_elapsed_s, 3),
-        "is_correct": result.is_correct,
-        "oracle": "; ".join(checks),
-        "load_audit": None if result.audit is None else {
-            "verified": result.audit.verified,
-            "mismatched": result.audit.mismatched,
-            "unknown": result.audit.unknown,
-        },
-        "outputs": None if result.outputs is None else {
-            "tie_epsilon": result.outputs.tie_epsilon,
-            "equal": result.outputs.count(Verdict.EQUAL),
-            "cut_at_tie": result.outputs.count(Verdict.CUT_AT_TIE),
-            "diverged": result.outputs.count(Verdict.DIVERGED),
-        },
-        "turns": [
-            {
-                "turn": t.turn,
-                "prompt_tokens": t.prompt_tokens,
-                "engine_cache_tokens": t.engine_cache_tokens,
-                "cpu_tokens": t.cpu_tokens,
-                "disk_tokens": t.disk_tokens,
-                "computed_tokens": t.computed_tokens,
-            }
-            for t in result.turns
-        ],
-        "summary": result.summary,
-    }  # fmt: skip
-
-
-def _print_report(data: dict[str, Any]) -> None:
-    console = Console()
-    summary = data["summary"]
-    table = Table(title="kvstore tiers", title_justify="left")
-    for column in (
-        "tier",
-        "hit chunks",
-        "hit tokens",
-        "stored chunks",
-        "evicted",
-        "checksum errors",
-    ):
-        table.add_column(column, justify="left" if column == "tier" else "right")
-    for tier, stats in summary.get("tiers", {}).items():
-        table.add_row(
-            tier,
-            f"{stats['hit_chunks']:.0f}",
-            f"{stats['hit_tokens']:.0f}",
-            f"{stats['stored_chunks']:.0f}",
-            f"{stats['evicted_chunks']:.0f}",
-            f"{stats['checksum_failures']:.0f}",
+        err_console().print(
+            f"[red]kvstore demo: the correctness check FAILED: {escape(data['oracle'])}[/red]"
         )
-    console.print(table)
-    moved = Table(title="bytes moved", title_justify="left")
-    moved.add_column("direction")
-    moved.add_column("bytes", justify="right")
-    for direction, num_bytes in summary.get("bytes", {}).items():
-        moved.add_row(direction, f"{num_bytes:,.0f}")
-    console.print(moved)
-    prompt_tokens = max(1, data["prompt_tokens"])
-    saved = data["kvstore_hit_tokens"]
-    console.print(
-        f"{data['num_requests']} requests, {data['prompt_tokens']:,} prompt tokens: "
-        f"kvstore served {saved:,} ({100 * saved / prompt_tokens:.1f}%), the engine's own "
-        f"prefix cache {data['engine_prefix_cache_hit_tokens']:,}"
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _configure_logging(*, verbose: bool) -> None:
+    """vLLM logs to stderr (stdout is for the report): the terminal with -v, else the log."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if verbose else "INFO")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING if verbose else logging.INFO)
+
+
+def _run(options: DemoOptions, *, verbose: bool) -> tuple[DemoResult, DemoFiles]:
+    """Both engine runs and the picture, with the engine's output sent to the log."""
+    try:
+        options.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--dir {options.directory}: cannot create it ({exc.strerror})", EXIT_FAILURE)
+    with engine_output(options.directory / LOG_NAME, verbose=verbose) as output:
+        if output.log_path is not None:
+            output.console.print(
+                f"[dim]·[/dim] vLLM's and torch's output goes to {escape(str(output.log_path))}"
+                " (-v shows it here)",
+                soft_wrap=True,
+            )
+        progress = DemoProgress(
+            output.console,
+            num_requests=options.num_requests,
+            num_turns=options.num_turns,
+            has_reference=options.compare_baseline,
+        )
+        try:
+            from kvstore.demo.runner import run_demo  # imports vLLM: its output goes to the log
+
+            with progress:
+                result = run_demo(options, on_progress=progress.message, on_turn=progress.turn)
+            picture = _draw(result, options.directory / PICTURE_NAME, output.console)
+        except Exception as exc:  # the command's boundary: one line here, the traceback logged
+            _fail(exc, output)
+    return result, DemoFiles(log_path=output.log_path, picture_path=picture)
+
+
+def _draw(result: DemoResult, path: Path, console: Console) -> Path | None:
+    if not has_matplotlib():
+        return None
+    try:
+        return draw_turns(result.turns, path)
+    except OSError as exc:
+        message = f"could not write {path}: {exc}"
+        console.print(f"[yellow]warning:[/yellow] {escape(message)}", soft_wrap=True)
+        return None
+
+
+def _fail(exc: Exception, output: EngineOutput) -> NoReturn:
+    traceback.print_exc()  # into the log (with -v: onto the terminal)
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())
+    where = "" if output.log_path is None else f" (details in {output.log_path})"
+    output.console.print(
+        f"[red]error:[/red] kvstore demo failed: {escape(message + where)}", soft_wrap=True
     )
-    if data["baseline_prefill_tokens"] is not None:
-        console.print(
-            f"prefill computed: {data['prefill_tokens']:,} tokens with kvstore, "
-            f"{data['baseline_prefill_tokens']:,} without; wall time {data['elapsed_s']:.1f}s "
-            f"vs {data['baseline_elapsed_s']:.1f}s (the tiny demo model recomputes almost for "
-            "free: `kvstore bench connector` measures time to first token on a larger one)"
-        )
-    verdict = "[green]correct[/green]" if data["is_correct"] else "[red]WRONG[/red]"
-    console.print(f"correctness ({verdict}): {data['oracle']}")
-    if data["metrics_url"]:
-        console.print(f"metrics were served at {data['metrics_url']} while the engine ran")
-    store = data["store_path"]
-    console.print(f"inspect the store: kvstore stat {store} ; kvstore ls {store}")
+    raise typer.Exit(EXIT_FAILURE) from None
+
+
+def _print_human(data: dict[str, Any], files: DemoFiles, directory: Path) -> None:
+    console = Console()
+    print_report(console, data)
+    if files.picture_path is not None:
+        picture = f"picture: {files.picture_path} (prompt tokens per turn, by who served them)"
+        console.print(escape(picture), soft_wrap=True)
+    elif not has_matplotlib():
+        console.print(escape(PLOT_HINT))
+    if files.log_path is not None:
+        console.print(escape(f"vLLM's own output: {files.log_path}"), soft_wrap=True)
+    console.print()
+    print_next_steps(console, next_steps(directory))

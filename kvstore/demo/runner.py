@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvstore.demo.options import DemoOptions
 from kvstore.demo.workload import DemoWorkload
 from kvstore.oracle import AuditReport, GreedyRun, OutputsReport, compare_greedy
 from kvstore.tiny_model import TinyLlamaSpec, build_tiny_llama
@@ -55,26 +56,6 @@ class TurnStats:
 
 OnTurn = Callable[[TurnStats], None]
 AfterTurn = Callable[[int, Any], None]  # (turn, llm): a test's fault injection point
-
-
-@dataclass(frozen=True, slots=True)
-class DemoOptions:
-    directory: Path = Path(".kvstore")
-    num_conversations: int = 6
-    num_turns: int = 6
-    engine_kv_blocks: int = 64  # the engine's own KV cache: 2048 tokens, far less than the history
-    cpu_chunks: int = 96  # kvstore's CPU tier: 3072 tokens, also less than the history
-    disk_bytes: int = 256 << 20
-    metrics_port: int | None = 0  # 0 = any free port
-    compare_baseline: bool = True
-
-    @property
-    def store_path(self) -> Path:
-        return self.directory / "store"
-
-    @property
-    def model_path(self) -> Path:
-        return self.directory / "model"
 
 
 @dataclass(slots=True)
