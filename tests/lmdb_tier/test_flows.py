@@ -59,7 +59,7 @@ def test_a_store_of_chunks_already_on_disk_writes_nothing(harness: Harness) -> N
     tier.take_events()
     tier.submit_store(job(2, [key(0), key(1)], [0, 1]))
     result = finish(tier, 2)[2]
-    assert result.success
+    assert result.success and result.transfer_bytes == 0
     assert list(tier.take_events()) == []
     assert metric(tier, "kvstore_transfer_bytes_total", direction="cpu_to_disk") == 2 * SLOT_BYTES
 

@@ -73,7 +73,7 @@ def test_submit_load_returns_before_the_read(
 ) -> None:
     tier = harness.open()
     values = harness.store(tier, 1, 0, 1)
-    monkeypatch.setattr(tier.store, "get_into", gate.wrap(tier.store.get_into))
+    monkeypatch.setattr(tier.store, "get_many_into", gate.wrap(tier.store.get_many_into))
     assert timed(lambda: tier.submit_load(job(2, [key(0)], [9], is_promotion=True))) < QUICK_S
     assert gate.entered.wait(5)
     assert tier.has_pending_work() and list(tier.get_finished_jobs()) == []
