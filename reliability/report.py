@@ -47,13 +47,31 @@ def _table(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
+def _figures(details: dict[str, object]) -> list[str]:
+    lines = []
+    for key, value in details.items():
+        if isinstance(value, dict):
+            text = ", ".join(f"{name} {figure}" for name, figure in value.items())
+        elif isinstance(value, list):
+            text = ", ".join(str(item) for item in value)
+        else:
+            text = str(value)
+        lines.append(f"- {key.replace('_', ' ')}: {text or 'none'}")
+    return lines
+
+
 def _findings(rows: Sequence[Row]) -> list[str]:
     lines = ["## What each scenario found", ""]
     for row in rows:
         lines.append(f"### {row.number}. {row.title} ({row.duration_s:.0f} s)")
         lines.append("")
-        lines.append("This run: " + ("nothing." if not row.found else ""))
-        lines.extend(f"- {line}" for line in row.found)
+        if row.found:
+            lines.append("This run found:")
+            lines.extend(f"- {_cell(line)}" for line in row.found)
+        else:
+            lines.append("This run found nothing wrong.")
+        if row.details:
+            lines += ["", "Figures of this run:", *_figures(row.details)]
         history = SCENARIOS[row.scenario].history if row.scenario in SCENARIOS else ()
         if history:
             lines += ["", "Found by earlier runs, and fixed:"]

@@ -124,3 +124,14 @@ def test_a_scenario_process_that_dies_becomes_a_failed_row(tmp_path: Path) -> No
     assert not row.passed
     assert "without a row" in row.found[0]
     assert (tmp_path / "ghost.log").read_text()
+
+
+def test_the_registered_scenarios_are_listed_by_issue_number(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from reliability.__main__ import main
+
+    assert [spec.number for spec in select([])] == sorted(spec.number for spec in select([]))
+    assert {"disk-faults", "hostile-inputs", "exposure"} <= {spec.name for spec in select([])}
+    assert main(["--list"]) == 0
+    assert "hostile-inputs" in capsys.readouterr().out
