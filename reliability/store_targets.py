@@ -10,7 +10,9 @@ and a chunk read back is always the exact bytes written under that namespace and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import shutil
 import struct
 import tempfile
@@ -53,8 +55,17 @@ class Template:
 
 @cache
 def template() -> Template:
-    """The template store, built once per process in a temporary directory."""
-    path = Path(tempfile.mkdtemp(prefix="kvstore-fuzz-template-")) / "store"
+    """The template store, built once per process in a temporary directory (removed at exit,
+    by the process that made it: a forked child inherits the handler, not the duty)."""
+    base = Path(tempfile.mkdtemp(prefix="kvstore-fuzz-template-"))
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(base, ignore_errors=True)
+
+    atexit.register(remove)
+    path = base / "store"
     values: dict[tuple[str, bytes], bytes] = {}
     with LMDBStore.open(path, capacity_bytes=_CAPACITY_BYTES, map_size_bytes=_MAP_BYTES) as store:
         store.register_namespace(NS_A, {"model": "a", "chunk_layout": _LAYOUT.to_dict()})
