@@ -320,6 +320,17 @@ def release(shared: SharedEnv) -> None:
         _close_fd(shared.data_fd)
 
 
+_UNREADABLE = (
+    lmdb.InvalidError,
+    lmdb.CorruptedError,
+    lmdb.VersionMismatchError,
+    lmdb.PageNotFoundError,
+    lmdb.PanicError,
+    lmdb.BadRslotError,
+)
+"""LMDB's errors for a file that exists but is not a readable LMDB environment."""
+
+
 def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: int) -> SharedEnv:
     data_fd = _checked_data_file(path, readonly=readonly)
     try:
@@ -339,6 +350,12 @@ def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: i
             map_async=options.map_async,
             readahead=options.readahead,
         )
+    except _UNREADABLE as exc:
+        _close_fd(data_fd)
+        raise StoreDamagedError(
+            f"store {path} cannot be read: {exc}; move it aside (the engine then starts a new "
+            "store)"
+        ) from exc
     except lmdb.Error as exc:
         _close_fd(data_fd)
         raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
@@ -347,6 +364,13 @@ def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: i
         if data_fd < 0:  # a new store: LMDB just created the file
             data_fd = os.open(path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
         page_bytes = int(env.stat()["psize"])
+    except _UNREADABLE as exc:
+        env.close()
+        _close_fd(data_fd)
+        raise StoreDamagedError(
+            f"store {path} cannot be read: {exc}; move it aside (the engine then starts a new "
+            "store)"
+        ) from exc
     except (lmdb.Error, OSError) as exc:
         env.close()
         _close_fd(data_fd)

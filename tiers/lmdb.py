@@ -320,7 +320,7 @@ class LMDBStore:
         per key while vLLM's step loop runs (each hand-back can cost a switch interval)."""
         targets = [(check_key(key), writable_view(out)) for key, out in items]
         shared = self._env()
-        copied: list[tuple[int, bytes | None] | None] = []
+        copied: list[tuple[int, bytes | None] | CorruptionError | None] = []
         with self._read_txn(buffers=True) as txn:
             prefix = _lmdb_records.prefix(txn, shared, namespace)
             for key, target in targets:
@@ -329,15 +329,19 @@ class LMDBStore:
                     copied.append(None)
                     continue
                 size = len(value)
-                if size > target.nbytes:
-                    raise TierConfigError(f"out has {target.nbytes} bytes; the value has {size}")
+                if size > target.nbytes:  # not a value written for this buffer: one bad key
+                    copied.append(CorruptionError(
+                        f"value of {size} bytes does not fit the {target.nbytes}-byte buffer",
+                        namespace=namespace, key=key,
+                    ))  # fmt: skip
+                    continue
                 target[:size] = value
                 raw = txn.get(prefix + key, db=shared.dbs[b"meta"])
                 copied.append((size, None if raw is None else bytes(raw)))
         results: list[int | CorruptionError | None] = []
         for (key, target), got in zip(targets, copied, strict=True):
-            if got is None:
-                results.append(None)
+            if got is None or isinstance(got, CorruptionError):
+                results.append(got)
                 continue
             size, raw_meta = got
             try:

@@ -120,7 +120,7 @@ def open_store(path: Path, *, writable: bool = False) -> LMDBStore:
     """Open the store at `path` without creating anything.
 
     Raises StoreNotFoundError for a path that is not a store, UsageError for a store of an
-    incompatible format version, TierConfigError (exit 1) for a store LMDB cannot read.
+    incompatible format version, StoreDamagedError (exit 1) for a store LMDB cannot read.
     """
     if not path.exists():
         raise StoreNotFoundError(f"{path} does not exist; expected a store directory")
@@ -129,9 +129,6 @@ def open_store(path: Path, *, writable: bool = False) -> LMDBStore:
     except NamespaceError as exc:
         raise UsageError(str(exc)) from exc
     except TierConfigError as exc:
-        cause = exc.__cause__
-        if isinstance(cause, lmdb.Error) and not isinstance(cause, lmdb.NotFoundError):
-            raise  # an LMDB file that cannot be read: operational
         raise StoreNotFoundError(str(exc)) from exc
     if not writable:
         return store

@@ -34,7 +34,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import ConfigError, KVStoreError
 from kvstore.events import ChunkRemoved, TierEvent
 from kvstore.index.disk import DiskCandidate, EventLog
 from kvstore.keys import BlockKey, Tier
@@ -157,9 +157,15 @@ class LMDBTier(SecondaryTierManager):
         )
         if opts.metrics_port is None:
             return None
-        server = start_metrics_server(
-            opts.metrics_port, host=opts.metrics_host, registry=self.registry
-        )
+        try:
+            server = start_metrics_server(
+                opts.metrics_port, host=opts.metrics_host, registry=self.registry
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"LMDBTier option 'metrics_port': cannot listen on {opts.metrics_host}:"
+                f"{opts.metrics_port}: {exc.strerror or exc}"
+            ) from exc
         logger.info("LMDBTier metrics on %s", server.url)
         return server
 

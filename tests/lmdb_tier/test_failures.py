@@ -165,11 +165,6 @@ def test_a_short_value_found_by_a_load_is_one_corrupt_key(harness: Harness) -> N
     assert not tier.store.contains(tier.namespace, key(1))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tiers/lmdb.py get_many_into raises TierConfigError for a value larger than its "
-    "buffer, which fails the whole read batch as an I/O error",
-)
 def test_a_long_value_found_by_a_load_is_one_corrupt_key(harness: Harness) -> None:
     tier = harness.open()
     harness.store(tier, 1, 0, 2)

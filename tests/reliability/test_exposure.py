@@ -81,11 +81,6 @@ def test_engine_start_names_events_endpoint_when_in_use() -> None:
     assert result.passed, result.detail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvstore/vllm/runtime.py SchedulerRuntime._start_metrics lets start_metrics_server's "
-    "OSError through without naming metrics_port (not ours to change; reported)",
-)
 def test_engine_start_names_metrics_port_when_in_use() -> None:
     result = _runtime_check("metrics_port")
     assert result.passed, result.detail
