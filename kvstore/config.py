@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.errors import ConfigError
+from kvstore.remote.config import RemoteConfig
 
 __all__ = ["EVICTION_POLICIES", "WRITE_POLICIES", "KVStoreConfig", "parse_size"]
 
@@ -75,10 +76,28 @@ class KVStoreConfig:
     # Re-read every loaded chunk and compare it with the digest taken when it was stored
     # (debugging and tests: costs a digest per store and a gather per load).
     audit_loads: bool = False
+    # The shared remote tier (Redis / Redis Cluster): see kvstore.remote.config for each key.
+    remote_url: str | None = None
+    remote_password_env: str | None = None
+    remote_timeout_ms: int = 500
+    remote_queue_chunks: int = 256
+    remote_write: bool = True
 
     @property
     def has_disk(self) -> bool:
         return self.disk_path is not None
+
+    def remote_config(self) -> RemoteConfig | None:
+        """The remote tier's settings, validated (None without `remote_url`)."""
+        return RemoteConfig.from_values(
+            {
+                "remote_url": self.remote_url,
+                "remote_password_env": self.remote_password_env,
+                "remote_timeout_ms": self.remote_timeout_ms,
+                "remote_queue_chunks": self.remote_queue_chunks,
+                "remote_write": self.remote_write,
+            }
+        )
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVStoreConfig:
@@ -124,6 +143,7 @@ class KVStoreConfig:
             "step_copy_budget_bytes",
             "must be >= 0 (0 = no limit)",
         )
+        self.remote_config()  # every remote_* key, named in its error
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -230,4 +250,5 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "sync_load_budget_bytes": parse_size,
     "step_copy_budget_bytes": parse_size,
     "audit_loads": _bool,
+    # remote_* values are checked by RemoteConfig (in validate), with its own messages
 }

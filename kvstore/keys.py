@@ -19,6 +19,7 @@ class Tier(StrEnum):
 
     CPU = "cpu"
     DISK = "disk"
+    REMOTE = "remote"  # a Redis / Redis Cluster shared by many engines
 
 
 def short_hex(key: bytes, length: int = 12) -> str:

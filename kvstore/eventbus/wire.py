@@ -28,6 +28,7 @@ __all__ = [
     "ExternalBlockHash",
     "KVCacheEvent",
     "KVEventBatch",
+    "LOCALITY_BY_TIER",
     "MEDIUM_BY_TIER",
     "block_hash_to_wire",
     "decode_batch",
@@ -39,8 +40,12 @@ __all__ = [
 ExternalBlockHash = bytes | int
 """A block hash on the wire: the raw hash bytes, or its low 64 bits as an int."""
 
-MEDIUM_BY_TIER: dict[Tier, str] = {Tier.CPU: "CPU", Tier.DISK: "STORAGE"}
+MEDIUM_BY_TIER: dict[Tier, str] = {Tier.CPU: "CPU", Tier.DISK: "STORAGE", Tier.REMOTE: "STORAGE"}
 """The `medium` vLLM's own offloading tiers use for each of our tiers."""
+
+LOCALITY_BY_TIER: dict[Tier, str] = {Tier.REMOTE: "REMOTE"}
+"""vLLM's `locality` (storage relative to the publishing instance) where it tells tiers apart:
+the shared remote tier is STORAGE like the local disk, and REMOTE (vLLM's `Locality.REMOTE`)."""
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The sequence frame that ends a replay answer."""
@@ -107,6 +112,7 @@ def block_hash_to_wire(key: bytes, *, int_hashes: bool) -> ExternalBlockHash:
 def _to_wire(event: TierEvent, int_hashes: bool) -> BlockStored | BlockRemoved:
     hashes = [block_hash_to_wire(k, int_hashes=int_hashes) for k in event.keys]
     medium = MEDIUM_BY_TIER[Tier(event.tier)]
+    locality = LOCALITY_BY_TIER.get(Tier(event.tier))
     if isinstance(event, ChunkStored):
         parent = event.parent_key
         return BlockStored(
@@ -119,8 +125,9 @@ def _to_wire(event: TierEvent, int_hashes: bool) -> BlockStored | BlockRemoved:
             lora_id=None,
             medium=medium,
             lora_name=None,
+            locality=locality,
         )
-    return BlockRemoved(block_hashes=hashes, medium=medium)
+    return BlockRemoved(block_hashes=hashes, medium=medium, locality=locality)
 
 
 def to_wire_events(

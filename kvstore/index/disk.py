@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 
-from kvstore.events import TierEvent
+from kvstore.events import ChunkStored, TierEvent
 from kvstore.index.emit import removed_event, stored_events
 from kvstore.index.plans import SeedEntry
 from kvstore.index.table import REMOVING, STORING, DiskTable, Entry
@@ -39,6 +39,13 @@ class EventLog:
         if entries:
             self._events.extend(
                 stored_events(tier, entries, self._num_tokens_per_chunk, self._clock())
+            )
+
+    def stored_keys(self, tier: Tier, keys: Sequence[BlockKey]) -> None:
+        """Chunks became ready in `tier` with no lineage known (e.g. the remote tier)."""
+        if keys:
+            self._events.append(
+                ChunkStored(tier, tuple(keys), self._num_tokens_per_chunk, self._clock())
             )
 
     def removed(self, tier: Tier, keys: Sequence[BlockKey], reason: str) -> None:

@@ -76,6 +76,19 @@ class PromotionOps(IndexCore):
         if success:
             self._emit_stored(Tier.CPU, [cpu_entry for cpu_entry, _ in pairs])
 
+    def hold(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
+        """Hold chunks ready in CPU (pinned) for a requester that will load them, as
+        `plan_promotion` does; returns the keys held. End each hold with `release`."""
+        held: list[BlockKey] = []
+        for key in keys:
+            entry = self._cpu.ready(key)
+            if entry is None:
+                continue
+            self._cpu.pin(entry)
+            self._holds[key] = self._holds.get(key, 0) + 1
+            held.append(key)
+        return held
+
     def release(self, keys: Iterable[BlockKey]) -> int:
         """Drop one hold per key taken by `plan_promotion`; keys without a hold are ignored.
 

@@ -187,6 +187,8 @@ class TierIndex(PromotionOps, WriteThroughOps):
         """
         if tier is Tier.DISK:
             return () if self._disk_index is None else tuple(self._disk_index.discard(keys, reason))
+        if tier is not Tier.CPU:
+            return ()  # the remote tier is not indexed here
         gone = self._cpu.take_out_of_service(keys)
         for key in gone:
             self._candidates.pop(key, None)
@@ -214,17 +216,21 @@ class TierIndex(PromotionOps, WriteThroughOps):
         )
 
     def state_of(self, tier: Tier, key: BlockKey) -> EntryState | None:
-        """The state of `key` in `tier`; None when the tier does not hold it."""
-        table = self._cpu if tier is Tier.CPU else self._disk
+        """The state of `key` in `tier`; None when the tier does not hold it (the remote tier
+        is not indexed here: Redis owns its placement)."""
+        table = self._table(tier)
         entry = None if table is None else table.entries.get(key)
         return None if entry is None else entry.state
 
     def ready_keys(self, tier: Tier) -> frozenset[BlockKey]:
         """The keys ready in `tier`. O(entries): for tests and tools, not the step path."""
-        table = self._cpu if tier is Tier.CPU else self._disk
+        table = self._table(tier)
         if table is None:
             return frozenset()
         return frozenset(key for key, entry in table.entries.items() if entry.state is READY)
+
+    def _table(self, tier: Tier) -> TierTable | None:
+        return {Tier.CPU: self._cpu, Tier.DISK: self._disk}.get(tier)
 
     def check_invariants(self) -> None:
         """Raise `InvariantError` naming the first broken invariant. O(entries): for tests."""

@@ -35,6 +35,8 @@ class Direction(StrEnum):
     CPU_TO_ENGINE = "cpu_to_engine"
     CPU_TO_DISK = "cpu_to_disk"
     DISK_TO_CPU = "disk_to_cpu"
+    CPU_TO_REMOTE = "cpu_to_remote"
+    REMOTE_TO_CPU = "remote_to_cpu"
 
 
 class TransferResult(StrEnum):
@@ -46,6 +48,7 @@ class QueueName(StrEnum):
     """The tier service's bounded work queues (event sinks are counted per sink instead)."""
 
     WRITE_THROUGH = "write_through"
+    REMOTE_WRITE = "remote_write"
     PROMOTION = "promotion"
     EVICTION = "eviction"
     EVENTS = "events"

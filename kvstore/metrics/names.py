@@ -26,6 +26,8 @@ __all__ = [
     "QUEUE_CAPACITY",
     "QUEUE_DEPTH",
     "QUEUE_DROPPED",
+    "REMOTE_BREAKER_NODES",
+    "REMOTE_ROUND_TRIP_SECONDS",
     "REMOVED_CHUNKS",
     "SERVE_METRIC_NAMES",
     "SINK_DROPPED_EVENTS",
@@ -78,6 +80,10 @@ SINK_WRITTEN_EVENTS = "kvstore_sink_written_events_total"  # {sink}
 SINK_DROPPED_EVENTS = "kvstore_sink_dropped_events_total"  # {sink, reason}
 SINK_ERRORS = "kvstore_sink_errors_total"  # {sink}
 
+# The remote tier (Redis).
+REMOTE_ROUND_TRIP_SECONDS = "kvstore_remote_round_trip_seconds"  # histogram {op, result}
+REMOTE_BREAKER_NODES = "kvstore_remote_breaker_nodes"  # {state}: closed, half_open, open
+
 # Errors.
 CHECKSUM_FAILURES = "kvstore_checksum_failures_total"  # {tier}
 IO_ERRORS = "kvstore_io_errors_total"  # {op}
@@ -118,6 +124,8 @@ METRIC_NAMES: tuple[str, ...] = (
     SINK_WRITTEN_EVENTS,
     SINK_DROPPED_EVENTS,
     SINK_ERRORS,
+    REMOTE_ROUND_TRIP_SECONDS,
+    REMOTE_BREAKER_NODES,
     CHECKSUM_FAILURES,
     IO_ERRORS,
     LOAD_FAILED_CHUNKS,

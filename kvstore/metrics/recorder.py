@@ -35,6 +35,7 @@ from kvstore.metrics.labels import (
     QueueName,
     removal_reason,
 )
+from kvstore.metrics.remote import RemoteMetrics
 from kvstore.metrics.stats import TransferStats
 
 __all__ = ["KVStoreMetrics", "register_build_info"]
@@ -147,6 +148,7 @@ class KVStoreMetrics:
         self._keys_stable = Gauge(
             names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
         )
+        self.remote = RemoteMetrics(r, self._checksum)
         register_build_info(r)
         self._config = Info(
             names.CONFIG_INFO.removesuffix("_info"), "kvstore configuration.", registry=r

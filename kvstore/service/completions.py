@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 
 from kvstore.keys import BlockKey
 
-__all__ = ["Completion", "PromotionDone", "WriteDone"]
+__all__ = [
+    "Completion",
+    "PromotionDone",
+    "RemoteCompletion",
+    "RemoteFetchDone",
+    "RemoteProbeDone",
+    "RemoteRemoved",
+    "RemoteWriteDone",
+    "WriteDone",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,4 +49,39 @@ class PromotionDone:
     duration_s: float = 0.0
 
 
-Completion = WriteDone | PromotionDone
+@dataclass(frozen=True, slots=True)
+class RemoteProbeDone:
+    """Which of `keys` the remote tier holds (all False when it did not answer in time)."""
+
+    keys: tuple[BlockKey, ...]
+    found: tuple[bool, ...]
+    tag: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFetchDone:
+    """Remote -> CPU row copies: `ok` rows hold their chunk (verified); `failed` do not."""
+
+    ok: tuple[BlockKey, ...]
+    failed: tuple[BlockKey, ...] = ()
+    tag: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteWriteDone:
+    """CPU row -> remote writes: `ok` landed (report them stored), `failed` did not."""
+
+    ok: tuple[BlockKey, ...]
+    failed: tuple[BlockKey, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRemoved:
+    """Redis removed these chunks (evicted, expired, deleted), whoever stored them."""
+
+    keys: tuple[BlockKey, ...]
+
+
+RemoteCompletion = RemoteProbeDone | RemoteFetchDone | RemoteWriteDone | RemoteRemoved
+
+Completion = WriteDone | PromotionDone | RemoteCompletion

@@ -109,20 +109,22 @@ class DiskIO:
         corrupt: list[BlockKey] = []
         missing: list[BlockKey] = []
         num_bytes = 0
+        targets = [(key, self._rows.row(row)) for key, row in items]
         try:
-            results = self._store.get_many_into(
-                self._ns, [(key, self._rows.row(row)) for key, row in items]
-            )
+            results = self._store.get_many_into(self._ns, targets)
         except (TierError, OSError) as exc:  # a failing disk: the whole batch is a miss
             logger.error("kvstore disk read of %d chunks failed: %s", len(items), exc)
             done = PromotionDone(ok=(), failed=tuple(key for key, _ in items))
             return done, self._report("disk_to_cpu", 0, start_s, False, num_io_errors=1)
-        for (key, _), result in zip(items, results, strict=True):
+        for (key, row), result in zip(targets, results, strict=True):
             if isinstance(result, CorruptionError):
                 logger.warning("kvstore chunk %s is corrupt on disk: %s", short_hex(key), result)
                 corrupt.append(key)
             elif result is None:
                 missing.append(key)  # deleted under us (`kvstore rm` on a live store): a miss
+            elif result != row.nbytes:  # every value written is one row: not one of ours
+                logger.warning("kvstore chunk %s has %d bytes, not a row", short_hex(key), result)
+                corrupt.append(key)
             else:
                 ok.append(key)
                 num_bytes += result

@@ -32,10 +32,12 @@ from typing import Any, Protocol
 from kvstore.events import TierEvent
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import Direction, IOOp, KVStoreMetrics, QueueName
+from kvstore.remote import RemoteChunks
 from kvstore.service.completions import Completion, PromotionDone, WriteDone
-from kvstore.service.disk_io import DiskIO, IOReport
+from kvstore.service.disk_io import DiskIO, IOReport, RowBuffers
 from kvstore.service.executors import DaemonExecutor
 from kvstore.service.loop import LoopThread
+from kvstore.service.remote_io import RemoteIO
 
 __all__ = ["EventPublisher", "TierService"]
 
@@ -79,6 +81,10 @@ class TierService:
         publisher: EventPublisher | None = None,
         max_queued_chunks: int = 256,
         shutdown_timeout_s: float = 10.0,
+        remote: RemoteChunks | None = None,
+        remote_rows: RowBuffers | None = None,
+        remote_queue_chunks: int = 256,
+        num_read_threads: int = 2,
     ) -> None:
         self._disk = disk
         self._metrics = metrics
@@ -87,8 +93,20 @@ class TierService:
         self._shutdown_timeout_s = shutdown_timeout_s
         self._loop_thread = LoopThread()
         self._writer = DaemonExecutor(1, "kvstore-lmdb-w")
-        self._readers = DaemonExecutor(2, "kvstore-lmdb-r")
+        self._readers = DaemonExecutor(num_read_threads, "kvstore-lmdb-r")
         self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._remote: RemoteIO | None = None
+        if remote is not None:
+            if remote_rows is None:
+                raise ValueError("a remote tier needs remote_rows (the CPU region)")
+            self._remote = RemoteIO(
+                remote,
+                remote_rows,
+                self._loop_thread,
+                self._completions,
+                metrics=metrics,
+                max_queued_chunks=remote_queue_chunks,
+            )
         self._count_lock = threading.Lock()
         self._num_queued_chunks = 0
         self._num_inflight_promotions = 0
@@ -119,6 +137,8 @@ class TierService:
         if self._disk is not None:
             self._spawn(self._write_loop(), self._on_writer_died)
             self._spawn(self._touch_loop(), self._on_toucher_died)
+        if self._remote is not None:
+            await self._remote.start()
 
     def _spawn(
         self, coro: Coroutine[Any, Any, Any], on_death: Callable[[BaseException], None] | None
@@ -141,6 +161,11 @@ class TierService:
         return self._disk is not None
 
     @property
+    def remote(self) -> RemoteIO | None:
+        """The remote tier's I/O (same loop, same completion queue), when configured."""
+        return self._remote
+
+    @property
     def is_disk_up(self) -> bool:
         return self._is_disk_up
 
@@ -152,32 +177,40 @@ class TierService:
     def num_inflight_promotions(self) -> int:
         return self._num_inflight_promotions
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Within `shutdown_timeout_s` in all: stop intake, drain the writes, stop the tasks,
         flush the sinks, stop the I/O threads, then sync and close LMDB (only if no thread
-        still uses it)."""
+        still uses it). True once closed; False when an I/O thread was still running at the
+        deadline: the store is left open, and a later call waits for the threads again (another
+        `shutdown_timeout_s`) and closes it."""
         if self._is_closed:
-            return
-        self._is_closing = True
+            return True
         deadline_s = time.monotonic() + self._shutdown_timeout_s
+        if not self._is_closing:
+            self._is_closing = True
+            self._close_loop(deadline_s)
+        is_idle = self._writer.shutdown(max(0.0, deadline_s - time.monotonic()))
+        is_idle = self._readers.shutdown(max(0.0, deadline_s - time.monotonic())) and is_idle
+        self._loop_thread.stop()
+        if not is_idle:
+            if self._disk is not None:
+                logger.error("kvstore: disk I/O still running at shutdown; the store is left open")
+            return False
+        if self._disk is not None:
+            try:
+                self._disk.close()
+            except Exception as exc:
+                logger.error("kvstore could not close the disk store cleanly: %s", exc)
+        self._is_closed = True
+        return True
+
+    def _close_loop(self, deadline_s: float) -> None:
         try:
             if self._loop_thread.is_running:
                 future = self._loop_thread.submit(self._close_async(deadline_s))
                 future.result(timeout=max(0.1, deadline_s - time.monotonic()) + 1.0)
         except Exception as exc:
             logger.error("kvstore service shutdown was not clean: %s", exc)
-        finally:
-            is_idle = self._writer.shutdown(max(0.0, deadline_s - time.monotonic()))
-            is_idle = self._readers.shutdown(max(0.0, deadline_s - time.monotonic())) and is_idle
-            if self._disk is not None and is_idle:
-                try:
-                    self._disk.close()
-                except Exception as exc:
-                    logger.error("kvstore could not close the disk store cleanly: %s", exc)
-            elif self._disk is not None:
-                logger.error("kvstore: disk I/O still running at shutdown; the store is left open")
-            self._loop_thread.stop()
-            self._is_closed = True
 
     async def _close_async(self, deadline_s: float) -> None:
         # 1. drain queued writes (the write loop keeps running) until done or the deadline
@@ -192,7 +225,10 @@ class TierService:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        # 3. flush event sinks with what is left of the deadline
+        # 3. the remote tier's tasks, subscriptions and connections
+        if self._remote is not None:
+            await self._remote.close(deadline_s)
+        # 4. flush event sinks with what is left of the deadline
         if self._publisher is not None:
             await self._publisher.close(max(0.1, deadline_s - time.monotonic()))
 
@@ -234,7 +270,9 @@ class TierService:
         """Block (the owner thread) until no write is queued and no promotion in flight;
         False if `timeout_s` passed first. Not for the step path: for drains and shutdown."""
         deadline_s = time.monotonic() + timeout_s
-        while self._num_queued_chunks or self._num_inflight_promotions:
+        while self._num_queued_chunks or self._num_inflight_promotions or (
+            self._remote is not None and self._remote.num_queued_chunks
+        ):
             if time.monotonic() >= deadline_s:
                 return False
             time.sleep(0.002)

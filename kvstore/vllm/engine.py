@@ -165,7 +165,7 @@ def drain(llm: Any, timeout_s: float = 30.0) -> None:
         runtime = connector.runtime
         service = runtime.service if runtime is not None else None
         busy = connector.scheduler.has_pending_work() or (
-            service is not None and (service.num_queued_chunks or service.num_inflight_promotions)
+            service is not None and not service.wait_idle(0)
         )
         if not busy:
             connector.scheduler.settle()

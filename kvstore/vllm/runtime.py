@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import lmdb
 from prometheus_client import CollectorRegistry
 
 from kvstore.config import KVStoreConfig
@@ -23,6 +22,7 @@ from kvstore.index import IndexConfig, SeedEntry, TierIndex
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import (
     AUDIT_RESULTS,
+    Direction,
     IOOp,
     KVStoreMetrics,
     MetricsServer,
@@ -32,11 +32,18 @@ from kvstore.metrics import (
 )
 from kvstore.namespace import NamespaceDescriptor, namespace_id
 from kvstore.pipeline import TierPipeline
+from kvstore.remote import RemoteAuthError, RemoteChunks, RemoteStore
 from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO
 from kvstore.vllm.geometry import EngineGeometry
 from tiers.cpu import CPURegion, reclaim_stale_regions
-from tiers.errors import NamespaceError, TierConfigError, TierError
+from tiers.errors import (
+    NamespaceError,
+    StoreDamagedError,
+    StoreIOError,
+    TierConfigError,
+    TierError,
+)
 from tiers.lmdb import LMDBStore
 
 __all__ = ["SchedulerRuntime"]
@@ -111,14 +118,21 @@ class SchedulerRuntime:
                 self.store.delete_many(self.namespace, list(unfit))
                 logger.info("kvstore: deleted %d chunks beyond disk_bytes", len(unfit))
         disk = DiskIO(self.store, self.namespace, self.region) if self.store is not None else None
+        remote = self._remote_chunks()
         self.service = TierService(
             disk=disk,
             metrics=self.metrics,
             publisher=self._event_bus(),
             max_queued_chunks=config.disk_queue_chunks,
             shutdown_timeout_s=config.shutdown_timeout_s,
+            remote=remote,
+            remote_rows=self.region,
+            remote_queue_chunks=config.remote_queue_chunks,
         )
-        self.service.start()
+        try:
+            self.service.start()
+        except RemoteAuthError as exc:
+            raise ConfigError(str(exc)) from exc
         self.pipeline = TierPipeline(
             self.index,
             self.service,
@@ -127,22 +141,31 @@ class SchedulerRuntime:
         )
         self._start_metrics(num_rows)
 
+    def _remote_chunks(self) -> RemoteChunks | None:
+        """The shared remote tier, when `remote_url` is set (connected when the service
+        starts; an unreachable server is a warning there, not an error)."""
+        remote_config = self.config.remote_config()
+        if remote_config is None:
+            return None
+        store = RemoteStore(remote_config, observer=self.metrics.remote)
+        logger.info("kvstore remote tier: %s (write %s)", remote_config.endpoint.display(),
+                    "on" if remote_config.enable_write else "off")  # fmt: skip
+        return RemoteChunks(store, self.descriptor)
+
     def _open_store(self, path: Path, capacity_bytes: int) -> LMDBStore | None:
         """The disk tier's store; None (CPU tier only, loudly) when the file is damaged: a bad
         file must not stop the engine. A bad path or an incompatible store is a config error."""
         try:
             return LMDBStore.open(path, capacity_bytes=capacity_bytes)
-        except TierConfigError as exc:
-            if not isinstance(exc.__cause__, lmdb.Error):
-                raise ConfigError(f"disk_path: {exc}") from exc
+        except (StoreDamagedError, StoreIOError) as exc:
             logger.error(
                 "kvstore: the disk store at %s cannot be read (%s); running with the CPU tier "
                 "only. Inspect it with `kvstore verify %s`, or move it aside to start afresh.",
-                path, exc.__cause__, path,
+                path, exc, path,
             )  # fmt: skip
             self.metrics.record_io_error(IOOp.OPEN)
             return None
-        except NamespaceError as exc:
+        except (TierConfigError, NamespaceError) as exc:
             raise ConfigError(f"disk_path: {exc}") from exc
 
     def _seed_entries(self) -> list[SeedEntry]:
@@ -196,9 +219,15 @@ class SchedulerRuntime:
             self.metrics.set_occupancy_source(Tier.DISK, self._occupancy_source(Tier.DISK, None))
             self.metrics.set_store_source(lambda: store_snapshot(store))
         if config.metrics_port is not None:
-            self.metrics_server = start_metrics_server(
-                config.metrics_port, host=config.metrics_host, registry=self.registry
-            )
+            try:
+                self.metrics_server = start_metrics_server(
+                    config.metrics_port, host=config.metrics_host, registry=self.registry
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"metrics_port: cannot listen on {config.metrics_host}:{config.metrics_port}"
+                    f": {exc.strerror or exc}"
+                ) from exc
             logger.info("kvstore metrics on %s", self.metrics_server.url)
 
     def _occupancy_source(self, tier: Tier, num_rows: int | None) -> Any:
@@ -251,7 +280,7 @@ class SchedulerRuntime:
             return self.registry.get_sample_value(name, labels) or 0.0
 
         tiers: dict[str, Any] = {}
-        for tier in (Tier.CPU, Tier.DISK):
+        for tier in Tier:
             tiers[tier.value] = {
                 "hit_chunks": value("kvstore_hit_chunks_total", tier=tier.value),
                 "hit_tokens": value("kvstore_hit_tokens_total", tier=tier.value),
@@ -259,7 +288,7 @@ class SchedulerRuntime:
                 "evicted_chunks": value("kvstore_evicted_chunks_total", tier=tier.value),
                 "checksum_failures": value("kvstore_checksum_failures_total", tier=tier.value),
             }
-        directions = ("engine_to_cpu", "cpu_to_engine", "cpu_to_disk", "disk_to_cpu")
+        directions = [direction.value for direction in Direction]
         return {
             "namespace": self.namespace,
             "lookups": value("kvstore_lookups_total"),

@@ -93,6 +93,13 @@ def tick(engine: Engine, worker: TransferStatsAccumulator, i: int) -> None:
     m.record_checksum_failure(Tier.DISK)
     m.record_io_error(IOOp.READ)
     m.record_load_failure(1)
+    # the remote tier: round trips per node, a breaker that opens and closes, transfers
+    for op in ("exists", "get", "put"):
+        m.remote.round_trip(op, "127.0.0.1:7000", 2, ROW_BYTES, 0.0005 * (1 + i % 4), ok=True)
+    m.remote.round_trip("get", "127.0.0.1:7001", 2, 0, 0.5, ok=i % 3 != 0)
+    m.remote.breaker_changed("127.0.0.1:7001", 2 if i % 3 == 0 else 0)
+    m.observe_transfer(Direction.REMOTE_TO_CPU, ROW_BYTES, 0.001, ok=True)
+    m.observe_transfer(Direction.CPU_TO_REMOTE, ROW_BYTES, 0.002, ok=True)
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def test_a_fresh_registry_exports_exactly_the_declared_names(metrics: KVStoreMet
 def test_names_follow_prometheus_conventions(metrics: KVStoreMetrics) -> None:
     for name in METRIC_NAMES:
         assert name.startswith("kvstore_"), name
-    allowed_labels = {"tier", "direction", "result", "op", "reason", "queue", "sink", "le"}
+    allowed_labels = {"tier", "direction", "result", "op", "reason", "queue", "sink", "state", "le"}
     for family in metrics.registry.collect():
         if family.type == "counter":
             assert all(s.name.endswith(("_total", "_created")) for s in family.samples)

@@ -21,9 +21,19 @@ from typing import Protocol
 
 from kvstore.events import TierEvent
 from kvstore.index import TierIndex
+from kvstore.index.disk import EventLog
 from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
-from kvstore.service import PromotionDone, TierService, WriteDone
+from kvstore.pipeline.remote import RemoteSteps
+from kvstore.service import (
+    PromotionDone,
+    RemoteFetchDone,
+    RemoteProbeDone,
+    RemoteRemoved,
+    RemoteWriteDone,
+    TierService,
+    WriteDone,
+)
 
 __all__ = ["LookupAnswer", "PipelineObserver", "TierPipeline"]
 
@@ -86,6 +96,12 @@ class TierPipeline:
         self._owners: dict[str, _Owner] = {}
         self._promoted_by: dict[BlockKey, str] = {}
         self._events: list[TierEvent] = []
+        self._remote_log = EventLog(num_tokens_per_chunk)
+        self._remote = (
+            RemoteSteps(index, service.remote, self._remote_log)
+            if service.remote is not None
+            else None
+        )
 
     @property
     def index(self) -> TierIndex:
@@ -116,7 +132,13 @@ class TierPipeline:
             if self._start_promotion(owner, state, result.keys):
                 return _PENDING
             num_hits = _leading(result.tiers, Tier.CPU)
-        tiers = tuple(state.sources.get(key, Tier.CPU) for key in keys[:num_hits])
+        elif self._remote is not None and self._remote.extend(owner, keys, num_hits):
+            return _PENDING
+        fetched = self._remote.held_keys(owner) if self._remote is not None else set()
+        tiers = tuple(
+            Tier.REMOTE if key in fetched else state.sources.get(key, Tier.CPU)
+            for key in keys[:num_hits]
+        )
         self._record_lookup(state, len(keys), skip_tokens, tiers)
         if not tiers:
             self._release_holds(state)
@@ -146,7 +168,7 @@ class TierPipeline:
             return
         state.is_lookup_recorded = True
         chunk_tokens = self._num_tokens_per_chunk
-        hits: dict[Tier, tuple[int, int]] = {Tier.CPU: (0, 0), Tier.DISK: (0, 0)}
+        hits: dict[Tier, tuple[int, int]] = {tier: (0, 0) for tier in Tier}
         for i, tier in enumerate(tiers):
             chunks, tokens = hits[tier]
             hits[tier] = (chunks + 1, tokens + chunk_tokens - (skip_tokens if i == 0 else 0))
@@ -158,12 +180,16 @@ class TierPipeline:
         state = self._owners.get(owner)
         if state is not None:
             self._release_holds(state)
+        if self._remote is not None:
+            self._remote.release(owner)
 
     def forget(self, owner: str) -> None:
         """The requester is done; its promotions in flight release their chunks on landing."""
         state = self._owners.pop(owner, None)
         if state is not None:
             self._release_holds(state)
+        if self._remote is not None:
+            self._remote.forget(owner)
 
     # -- loads ------------------------------------------------------------------------------
 
@@ -173,6 +199,8 @@ class TierPipeline:
         state = self._owners.get(owner)
         if state is not None:
             self._release_holds(state)
+        if self._remote is not None:
+            self._remote.release(owner)
         self._service.submit_touch(plan.keys)  # last access and hit count on disk, batched
         if plan.missing:
             logger.warning("kvstore: %d chunk(s) vanished before their load; recomputed",
@@ -200,9 +228,12 @@ class TierPipeline:
         return plan
 
     def complete_store(self, keys: Sequence[BlockKey], *, ok: bool) -> None:
-        """The copy landed (or failed): the chunks become ready and are written through."""
+        """The copy landed (or failed): the chunks become ready and are written through (to
+        the local disk, and to the remote tier)."""
         self._index.complete_store(keys, ok)
         self._write_through()
+        if ok and self._remote is not None:
+            self._remote.write(keys)
         self._pump_events()
 
     def _write_through(self) -> None:
@@ -225,7 +256,25 @@ class TierPipeline:
                 self._index.complete_write_through(done.failed, False)
             elif isinstance(done, PromotionDone):
                 self._finish_promotion(done)
+            else:
+                self._finish_remote(done)
         self._pump_events()
+
+    def _finish_remote(
+        self, done: RemoteProbeDone | RemoteFetchDone | RemoteWriteDone | RemoteRemoved
+    ) -> None:
+        remote = self._remote
+        if remote is None:
+            return
+        if isinstance(done, RemoteProbeDone):
+            remote.finish_probe(done)
+        elif isinstance(done, RemoteFetchDone):
+            remote.finish_fetch(done)
+            self._write_through()  # the local disk keeps a copy of what Redis served
+        elif isinstance(done, RemoteWriteDone):
+            remote.finish_write(done)
+        else:
+            remote.removed(done)
 
     def _finish_promotion(self, done: PromotionDone) -> None:
         index = self._index
@@ -260,7 +309,7 @@ class TierPipeline:
         return events
 
     def _pump_events(self) -> None:
-        events = self._index.take_events()
+        events = self._index.take_events() + self._remote_log.take()
         if not events:
             return
         for observer in self._observers:

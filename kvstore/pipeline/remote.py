@@ -1,0 +1,167 @@
+"""The remote tier's steps in the pipeline: probe, fetch into CPU rows, write-through, removals.
+
+A lookup whose local prefix (CPU and disk) ends before the keys do asks Redis for the rest in
+one batched probe (one round trip per node, within `remote_timeout_ms`); the answer is pending
+meanwhile. Found chunks get CPU rows (reserved like a store, the requester's local prefix
+protected) and are fetched into them; once verified they are ready in CPU, held for the
+requester, and written through to the local disk like any stored chunk. A dead remote answers
+"nothing found" within the budget, so a request never waits on it longer than that.
+
+Chunks the engine stores are written to Redis from their pinned CPU rows (batched, bounded,
+droppable); each that lands is reported stored in the remote tier, and Redis's own removals
+(evicted, expired, deleted by anyone) are reported removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvstore.index import TierIndex
+from kvstore.index.disk import EventLog
+from kvstore.keys import BlockKey, Tier
+from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, RemoteWriteDone
+from kvstore.service.remote_io import RemoteIO
+
+__all__ = ["RemoteLookup", "RemoteSteps"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RemoteLookup:
+    """One requester's remote state: what the probe found, what is being fetched."""
+
+    is_probing: bool = False
+    found: dict[BlockKey, bool] = field(default_factory=dict)
+    fetching: set[BlockKey] = field(default_factory=set)
+    held: set[BlockKey] = field(default_factory=set)
+    fetched: set[BlockKey] = field(default_factory=set)
+
+    @property
+    def is_pending(self) -> bool:
+        return self.is_probing or bool(self.fetching)
+
+
+class RemoteSteps:
+    """Owned by `TierPipeline`; same thread, same index."""
+
+    def __init__(self, index: TierIndex, io: RemoteIO, log: EventLog) -> None:
+        self._index = index
+        self._io = io
+        self._log = log
+        self._lookups: dict[str, RemoteLookup] = {}
+        self._writing: set[BlockKey] = set()
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def extend(self, owner: str, keys: Sequence[BlockKey], num_local: int) -> bool:
+        """Try to serve `keys[num_local:]` from the remote tier; True = pending (ask again).
+        `keys[:num_local]` are ready in CPU."""
+        state = self._lookups.setdefault(owner, RemoteLookup())
+        if state.is_pending:
+            return True
+        rest = [key for key in keys[num_local:] if key not in state.fetched]
+        if not rest or num_local + len(state.fetched) >= len(keys):
+            return False
+        if rest[0] not in state.found:
+            state.is_probing = True
+            self._io.submit_probe(rest, owner)
+            return True
+        num_found = _leading_found(rest, state.found)
+        if num_found == 0:
+            return False
+        return self._fetch(owner, state, keys[:num_local], rest[:num_found])
+
+    def _fetch(
+        self, owner: str, state: RemoteLookup, local: Sequence[BlockKey], wanted: list[BlockKey]
+    ) -> bool:
+        # Rows for the remote chunks only; the requester's local prefix is protected.
+        plan = self._index.prepare_store(list(local) + wanted)
+        if plan is None or not plan.keys:
+            return False
+        remote_keys = set(wanted)
+        items = [(key, row) for key, row in plan.items() if key in remote_keys]
+        others = [key for key, _ in plan.items() if key not in remote_keys]
+        if others:  # a local chunk left CPU meanwhile: give its row back, serve less
+            self._index.complete_store(others, False)
+        if not items:
+            return False
+        state.fetching.update(key for key, _ in items)
+        self._io.submit_fetch(items, owner)
+        return True
+
+    def held_keys(self, owner: str) -> set[BlockKey]:
+        state = self._lookups.get(owner)
+        return set() if state is None else state.fetched
+
+    def release(self, owner: str) -> None:
+        state = self._lookups.get(owner)
+        if state is not None and state.held:
+            self._index.release(list(state.held))
+            state.held.clear()
+
+    def forget(self, owner: str) -> None:
+        self.release(owner)
+        self._lookups.pop(owner, None)
+
+    # -- completions ------------------------------------------------------------------------
+
+    def finish_probe(self, done: RemoteProbeDone) -> None:
+        state = self._lookups.get(str(done.tag))
+        if state is None:
+            return
+        state.is_probing = False
+        state.found.update(zip(done.keys, done.found, strict=True))
+
+    def finish_fetch(self, done: RemoteFetchDone) -> None:
+        """Verified chunks become ready in CPU (and go to the local disk by write-through);
+        they are held for the requester, or let go if it is gone."""
+        self._index.complete_store(done.ok, True)
+        self._index.complete_store(done.failed, False)
+        state = self._lookups.get(str(done.tag))
+        if state is None:
+            return
+        state.fetching.difference_update(done.ok + done.failed)
+        held = self._index.hold(done.ok)
+        state.held.update(held)
+        state.fetched.update(held)
+        for key in done.failed:
+            state.found[key] = False
+        if done.failed:
+            logger.info("kvstore: %d remote chunk(s) could not be fetched; recomputed",
+                        len(done.failed))  # fmt: skip
+
+    def finish_write(self, done: RemoteWriteDone) -> None:
+        keys = [key for key in done.ok + done.failed if key in self._writing]
+        self._writing.difference_update(keys)
+        self._index.complete_load(keys)  # unpin the rows read from
+        self._log.stored_keys(Tier.REMOTE, done.ok)
+
+    def removed(self, done: RemoteRemoved) -> None:
+        self._log.removed(Tier.REMOTE, done.keys, "evicted")
+
+    # -- write-through ----------------------------------------------------------------------
+
+    def write(self, keys: Sequence[BlockKey]) -> None:
+        """Write chunks the engine just stored (ready in CPU) to the remote tier."""
+        wanted = [key for key in keys if key not in self._writing]
+        if not wanted:
+            return
+        plan = self._index.prepare_load(wanted)  # pins the rows while they are read
+        if not plan.keys:
+            return
+        if self._io.submit_write(list(plan.items())):
+            self._writing.update(plan.keys)
+        else:
+            self._index.complete_load(plan.keys)
+
+
+def _leading_found(keys: Sequence[BlockKey], found: dict[BlockKey, bool]) -> int:
+    count = 0
+    for key in keys:
+        if not found.get(key, False):
+            break
+        count += 1
+    return count
