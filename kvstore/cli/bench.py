@@ -24,6 +24,7 @@ class Suite(StrEnum):
     TIERS = "tiers"
     INDEX = "index"
     CONNECTOR = "connector"
+    REMOTE = "remote"
     ALL = "all"
 
 

@@ -1,0 +1,177 @@
+"""The remote tier against its baselines, in one run.
+
+    kvstore bench remote [--url redis://127.0.0.1:6379/0] [--tokens 2048] [--repeats 5]
+
+1. Reads: `RemoteChunks.load_into` (pipelined per node, header and xxh64 verified, copied into
+   row buffers) vs raw redis-py GETs of the same values, one after another, from Python.
+2. Time to first token of a prompt another replica computed: engine A (kvstore, remote tier)
+   prefills it and writes it through to Redis; engine B (kvstore, same Redis, nothing local)
+   serves it from Redis. Against recompute and the engine's own prefix hit (the floor) on an
+   engine without kvstore, interleaved.
+
+Without `--url` a throwaway `redis-server` (Debian's package) is started on a free port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from kvstore.bench.engines import BENCH_SPEC, BenchEngine, bench_engine, free_port, synthetic_prompt
+from kvstore.keys import BlockKey
+from kvstore.remote import RemoteChunks, RemoteConfig, RemoteStore
+from kvstore.tiny_model import build_tiny_llama
+
+__all__ = ["main"]
+
+_BLOCK_TOKENS = 32
+_TARGET_VS_RECOMPUTE = 0.3
+
+
+@contextlib.contextmanager
+def _redis(url: str | None) -> Iterator[str]:
+    if url is not None:
+        yield url
+        return
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="kvstore-bench-redis-") as tmp:
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            time.sleep(0.5)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+# -- 1. reads ---------------------------------------------------------------------------------
+
+
+async def _reads(
+    url: str, num_values: int, value_bytes: int, rounds: int
+) -> dict[str, list[float]]:
+    import redis.asyncio as aioredis
+
+    config = RemoteConfig.from_values({"remote_url": url, "remote_timeout_ms": 10_000})
+    assert config is not None
+    store = RemoteStore(config)
+    await store.connect()
+    chunks = RemoteChunks(store, namespace="0123456789abcdef")
+    keys = [BlockKey(i.to_bytes(32, "big")) for i in range(num_values)]
+    await chunks.store_many([(key, bytes([i % 251]) * value_bytes) for i, key in enumerate(keys)])
+    raw = aioredis.Redis.from_url(url)
+    outs = [memoryview(bytearray(value_bytes)) for _ in keys]
+    redis_keys = [chunks.redis_key(key) for key in keys]
+    times: dict[str, list[float]] = {"raw_get": [], "kvstore_load_into": []}
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for redis_key in redis_keys:
+                await raw.get(redis_key)
+            times["raw_get"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            loaded = await chunks.load_into(keys, outs)
+            times["kvstore_load_into"].append(time.perf_counter() - start)
+            if not all(loaded):
+                raise RuntimeError("the remote tier lost values during the benchmark")
+        await chunks.remove(keys)
+    finally:
+        await raw.aclose()
+        await store.close()
+    return times
+
+
+# -- 2. time to first token ---------------------------------------------------------------------
+
+
+def _wait_remote_stored(engine: BenchEngine, at_least: float, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while engine.metric("kvstore_stored_chunks_total", tier="remote") < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the prompt did not reach the remote tier in time")
+        time.sleep(0.1)
+
+
+def _ttft(model: Path, url: str, num_tokens: int, repeats: int) -> dict[str, list[float]]:
+    prompt_bytes = num_tokens * BENCH_SPEC.kv_bytes_per_token
+    chunks = (num_tokens - 1) // _BLOCK_TOKENS
+    writer = {"cpu_bytes": 2 * prompt_bytes + (8 << 20), "remote_url": url,
+              "remote_queue_chunks": 4 * chunks}  # fmt: skip
+    reader = {"cpu_bytes": 2 * prompt_bytes + (8 << 20), "remote_url": url, "remote_write": False}
+    times: dict[str, list[float]] = {"recompute": [], "engine_cache": [], "kvstore_remote": []}
+    with (
+        bench_engine(model, num_tokens) as off,
+        bench_engine(model, num_tokens, kvstore=writer) as a,
+        bench_engine(model, num_tokens, kvstore=reader) as b,
+    ):
+        for engine, seed in ((off, 1), (a, 2), (b, 3)):
+            engine.ttft_s(synthetic_prompt(seed, num_tokens))  # one-off costs of a new engine
+        for r in range(repeats):
+            prompt = synthetic_prompt(500 + r, num_tokens)
+            times["recompute"].append(off.ttft_s(prompt))
+            times["engine_cache"].append(off.ttft_s(prompt))
+            off.reset_prefix_cache()
+            stored = a.metric("kvstore_stored_chunks_total", tier="remote")
+            a.ttft_s(prompt)  # replica A computes it and writes it through to Redis
+            _wait_remote_stored(a, stored + chunks)
+            before = b.metric("kvstore_hit_tokens_total", tier="remote")
+            times["kvstore_remote"].append(b.ttft_s(prompt))  # replica B: a remote hit
+            got = b.metric("kvstore_hit_tokens_total", tier="remote") - before
+            if got < chunks * _BLOCK_TOKENS:
+                raise RuntimeError(f"expected a remote hit of {chunks * _BLOCK_TOKENS} tokens, "
+                                   f"got {got:.0f}")  # fmt: skip
+    return times
+
+
+def _median_row(name: str, values: Sequence[float], base: float) -> str:
+    median = statistics.median(values)
+    return (f"| {name} | {median:.3f} | {min(values):.3f}-{max(values):.3f} | "
+            f"{median / base:.2f} |")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvstore bench remote", description=__doc__)
+    parser.add_argument("--url", help="a Redis to use (default: start a throwaway one)")
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-ttft", action="store_true")
+    args = parser.parse_args(argv)
+    value_bytes = _BLOCK_TOKENS * BENCH_SPEC.kv_bytes_per_token
+    num_values = (args.tokens - 1) // _BLOCK_TOKENS
+    with _redis(args.url) as url:
+        reads = asyncio.run(_reads(url, num_values, value_bytes, args.repeats))
+        raw = statistics.median(reads["raw_get"])
+        ours = statistics.median(reads["kvstore_load_into"])
+        print(f"reads: {num_values} values of {value_bytes >> 10} KiB; raw sequential GETs "
+              f"{raw * 1e3:.1f} ms, load_into {ours * 1e3:.1f} ms (verified, copied): "
+              f"{raw / ours:.2f}x raw")  # fmt: skip
+        if args.skip_ttft:
+            return 0
+        with tempfile.TemporaryDirectory(prefix="kvstore-bench-") as tmp:
+            model = build_tiny_llama(Path(tmp) / "model", BENCH_SPEC)
+            times = _ttft(model, url, args.tokens, args.repeats)
+    base = statistics.median(times["recompute"])
+    print(f"\nprompt {args.tokens} tokens, {args.repeats} interleaved repeats")
+    print("| path | TTFT median s | min-max s | vs recompute |\n|---|--:|--:|--:|")
+    for name, values in times.items():
+        print(_median_row(name, values, base))
+    ratio = statistics.median(times["kvstore_remote"]) / base
+    verdict = "met" if ratio <= _TARGET_VS_RECOMPUTE else "MISSED"
+    print(f"- kvstore_remote <= {_TARGET_VS_RECOMPUTE}x recompute: {ratio:.2f} ({verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
