@@ -57,10 +57,6 @@ class EntryMeta:
     last_access_s: float
     num_hits: int
 
-    @property
-    def key_hex(self) -> str:
-        return self.key.hex()
-
     def pack(self) -> bytes:
         """The fixed 36-byte record: size u64, xxh64 u64, created f64, last access f64, hits u32."""
         return _META.pack(

@@ -86,9 +86,6 @@ class TierTable:
         """What a policy walk must skip: entries not evictable, plus `extra`."""
         return _Unevictable(self.entries, extra)
 
-    def is_evictable(self, entry: Entry) -> bool:
-        return entry.state is READY and entry.num_pins == 0
-
     def _add(self, entry: Entry) -> Entry:
         self.entries[entry.key] = entry
         self.used_bytes += entry.size_bytes

@@ -10,7 +10,7 @@ import logging
 import platform
 from collections.abc import Callable, Mapping, Sequence
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
 from kvstore import __version__
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
@@ -60,9 +60,8 @@ def _check_count(name: str, n: int) -> None:
 class KVStoreMetrics:
     """kvstore's metrics on one `CollectorRegistry`; every labelled series exists from the start.
 
-    Pass a fresh registry per engine (and per test); `KVStoreMetrics.on_default_registry()` uses
-    prometheus-client's global one. The shipped sinks' series (`SINK_NAMES`) exist from the start;
-    the bus adds any other sink's with `add_sink`.
+    Pass a fresh registry per engine (and per test). The shipped sinks' series (`SINK_NAMES`)
+    exist from the start; the bus adds any other sink's with `add_sink`.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -153,11 +152,6 @@ class KVStoreMetrics:
         self._config = Info(
             names.CONFIG_INFO.removesuffix("_info"), "kvstore configuration.", registry=r
         )
-
-    @classmethod
-    def on_default_registry(cls) -> KVStoreMetrics:
-        """On prometheus-client's global registry (once per process)."""
-        return cls(REGISTRY)
 
     # -- lookups -----------------------------------------------------------------------------
 

@@ -328,11 +328,6 @@ class TierPipeline:
             self._index.release(list(state.held))
             state.held.clear()
 
-    @property
-    def num_owners(self) -> int:
-        return len(self._owners)
-
-
 def _leading(tiers: Sequence[Tier], tier: Tier) -> int:
     count = 0
     for found in tiers:

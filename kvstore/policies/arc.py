@@ -21,13 +21,6 @@ from kvstore.policies.base import choose_victims
 __all__ = ["ARCPolicy"]
 
 
-def _first_unprotected(keys: Iterator[BlockKey], protected: Container[BlockKey]) -> BlockKey | None:
-    for key in keys:
-        if key not in protected:
-            return key
-    return None
-
-
 class ARCPolicy:
     """ARC over the keys of one tier; `capacity` is the tier's size in keys. Not thread-safe."""
 

@@ -76,10 +76,6 @@ class CircuitBreaker:
             return 0.0
         return max(0.0, self._retry_at - self._clock())
 
-    @property
-    def num_consecutive_failures(self) -> int:
-        return self._num_failures
-
     def allow(self) -> bool:
         """May a call go out now? In HALF_OPEN the caller that gets True is the probe and must
         report `record_success()` or `record_failure()`."""

@@ -255,33 +255,42 @@ class RemoteStore:
 
         async def run(node: str, indexes: list[int]) -> None:
             for part in split_by_bytes(indexes, sizes, self.config.pipeline_bytes):
-                if not await run_part(node, part):
+                results = await self._run_part(op, backend, node, part, build, measure, deadline)
+                if results is None:
                     return  # the node failed: the rest of its keys stay DOWN
-
-        async def run_part(node: str, indexes: Sequence[int]) -> bool:
-            def build_group(pipe: AnyPipeline) -> None:
-                build(pipe, indexes)
-
-            def measure_group(results: list[Any]) -> int:
-                return measure(indexes, results)
-
-            try:
-                async with asyncio.timeout_at(deadline):
-                    results = await self._node_call(
-                        op, backend, node, build_group, len(indexes), measure_group
-                    )
-            except TimeoutError:
-                breaker = self._breaker(node)
-                breaker.record_failure(f"no answer within {self._timeout_s * 1000:.0f} ms")
-                return False
-            if results is None:
-                return False
-            for index, result in zip(indexes, results, strict=True):
-                out[index] = result
-            return True
+                for index, result in zip(part, results, strict=True):
+                    out[index] = result
 
         await asyncio.gather(*(run(node, indexes) for node, indexes in groups.items()))
         return out
+
+    async def _run_part(
+        self,
+        op: str,
+        backend: Backend,
+        node: str,
+        indexes: Sequence[int],
+        build: Callable[[AnyPipeline, Sequence[int]], object],
+        measure: Callable[[Sequence[int], list[Any]], int],
+        deadline: float,
+    ) -> list[Any] | None:
+        """One pipeline of `indexes` to `node`, by `deadline`; None if the node failed."""
+
+        def build_group(pipe: AnyPipeline) -> None:
+            build(pipe, indexes)
+
+        def measure_group(results: list[Any]) -> int:
+            return measure(indexes, results)
+
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._node_call(
+                    op, backend, node, build_group, len(indexes), measure_group
+                )
+        except TimeoutError:
+            breaker = self._breaker(node)
+            breaker.record_failure(f"no answer within {self._timeout_s * 1000:.0f} ms")
+            return None
 
     # -- the data path -------------------------------------------------------------------------
 

@@ -40,9 +40,6 @@ class LoopThread:
     def is_running(self) -> bool:
         return self._thread.is_alive() and not self.loop.is_closed()
 
-    def in_loop_thread(self) -> bool:
-        return threading.current_thread() is self._thread
-
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         """Run `coro` on the loop from any other thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

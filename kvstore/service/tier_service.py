@@ -173,10 +173,6 @@ class TierService:
     def num_queued_chunks(self) -> int:
         return self._num_queued_chunks
 
-    @property
-    def num_inflight_promotions(self) -> int:
-        return self._num_inflight_promotions
-
     def close(self) -> bool:
         """Within `shutdown_timeout_s` in all: stop intake, drain the writes, stop the tasks,
         flush the sinks, stop the I/O threads, then sync and close LMDB (only if no thread
