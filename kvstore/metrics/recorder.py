@@ -66,7 +66,18 @@ class KVStoreMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        r = registry
+        self._register_tiers(registry)
+        self._register_transfers(registry)
+        self._register_queues(registry)
+        self._register_errors(registry)
+        self.remote = RemoteMetrics(registry, self._checksum)
+        register_build_info(registry)
+        self._config = Info(
+            names.CONFIG_INFO.removesuffix("_info"), "kvstore configuration.", registry=registry
+        )
+
+    def _register_tiers(self, r: CollectorRegistry) -> None:
+        """Lookups, hits, placement, and whether each tier serves."""
         self._lookups = Counter(names.LOOKUPS, "Lookups (prefix queries from vLLM).", registry=r)
         self._lookup_chunks = Counter(
             names.LOOKUP_CHUNKS, "Chunks asked for by lookups.", registry=r
@@ -92,7 +103,15 @@ class KVStoreMetrics:
             self._checksum.labels(t.value)
             for reason in REMOVAL_REASONS:
                 self._removed.labels(t.value, reason)
+        self._tier_up = Gauge(
+            names.TIER_UP, "1 while a tier serves, 0 once its I/O task died for good.", ["tier"],
+            registry=r,
+        )
+        for tier_up in TIERS:
+            self._tier_up.labels(tier_up.value).set(1)
 
+    def _register_transfers(self, r: CollectorRegistry) -> None:
+        """Transfers per direction, occupancy, and the store file."""
         self._transfers = TransferCollector()
         r.register(self._transfers)
         self._occupancy = OccupancyCollector()
@@ -100,12 +119,8 @@ class KVStoreMetrics:
         self._store_source: Callable[[], StoreSnapshot | None] | None = None
         r.register(StoreCollector(self._read_store, include_occupancy=False))
 
-        self._tier_up = Gauge(
-            names.TIER_UP, "1 while a tier serves, 0 once its I/O task died for good.", ["tier"],
-            registry=r,
-        )
-        for tier_up in TIERS:
-            self._tier_up.labels(tier_up.value).set(1)
+    def _register_queues(self, r: CollectorRegistry) -> None:
+        """Bounded queues and event sinks."""
         self._queue_depth = Gauge(names.QUEUE_DEPTH, "Items waiting.", ["queue"], registry=r)
         self._queue_capacity = Gauge(
             names.QUEUE_CAPACITY, "Bound of a queue.", ["queue"], registry=r
@@ -130,6 +145,8 @@ class KVStoreMetrics:
         for sink in SINK_NAMES:
             self.add_sink(sink)
 
+    def _register_errors(self, r: CollectorRegistry) -> None:
+        """I/O errors, failed and audited loads, and key stability."""
         self._io_errors = Counter(names.IO_ERRORS, "Storage I/O errors.", ["op"], registry=r)
         for op in IOOp:
             self._io_errors.labels(op.value)
@@ -146,11 +163,6 @@ class KVStoreMetrics:
             self._load_audit.labels(result)
         self._keys_stable = Gauge(
             names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
-        )
-        self.remote = RemoteMetrics(r, self._checksum)
-        register_build_info(r)
-        self._config = Info(
-            names.CONFIG_INFO.removesuffix("_info"), "kvstore configuration.", registry=r
         )
 
     # -- lookups -----------------------------------------------------------------------------

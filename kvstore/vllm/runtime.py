@@ -79,6 +79,22 @@ class SchedulerRuntime:
             raise
 
     def _start(self) -> None:
+        """1. the CPU region, 2. the disk store and the index (seeded from it), 3. the tier
+        service (disk and remote I/O, event sinks), 4. the pipeline, 5. the metrics."""
+        num_rows = self._start_region()
+        if self.config.disk_path is not None:
+            self.store = self._open_store(self.config.disk_path, self.config.disk_bytes)
+        self.index = self._start_index(num_rows)
+        self.service = self._start_service()
+        self.pipeline = TierPipeline(
+            self.index,
+            self.service,
+            [self.metrics],
+            num_tokens_per_chunk=self.geometry.num_tokens_per_chunk,
+        )
+        self._start_metrics(num_rows)
+
+    def _start_region(self) -> int:
         config, geo = self.config, self.geometry
         num_rows = config.cpu_bytes // geo.row_bytes
         if num_rows < 1:
@@ -91,12 +107,11 @@ class SchedulerRuntime:
         self.region = CPURegion.create(
             geo.region_name, num_rows, geo.row_bytes, directory=config.region_dir
         )
-        seeds: list[SeedEntry] = []
-        if config.disk_path is not None:
-            self.store = self._open_store(config.disk_path, config.disk_bytes)
-        if self.store is not None:
-            seeds = self._seed_entries()
-        self.index = TierIndex(
+        return num_rows
+
+    def _start_index(self, num_rows: int) -> TierIndex:
+        config, geo = self.config, self.geometry
+        index = TierIndex(
             IndexConfig(
                 num_cpu_rows=num_rows,
                 chunk_bytes=geo.row_bytes,
@@ -108,38 +123,36 @@ class SchedulerRuntime:
                 admission_min_sightings=config.admission_min_sightings,
             )
         )
+        seeds = self._seed_entries() if self.store is not None else []
         if seeds:
-            unfit = self.index.seed_disk(seeds)
+            unfit = index.seed_disk(seeds)
             logger.info(
-                "kvstore: %d chunks on disk are servable after restart",
-                len(seeds) - len(unfit),
+                "kvstore: %d chunks on disk are servable after restart", len(seeds) - len(unfit)
             )
             if unfit and self.store is not None:  # over today's disk_bytes: oldest go
                 self.store.delete_many(self.namespace, list(unfit))
                 logger.info("kvstore: deleted %d chunks beyond disk_bytes", len(unfit))
-        disk = DiskIO(self.store, self.namespace, self.region) if self.store is not None else None
-        remote = self._remote_chunks()
-        self.service = TierService(
-            disk=disk,
+        return index
+
+    def _start_service(self) -> TierService:
+        config, store, region = self.config, self.store, self.region
+        assert region is not None  # _start_region ran
+        service = TierService(
+            disk=DiskIO(store, self.namespace, region) if store is not None else None,
             metrics=self.metrics,
             publisher=self._event_bus(),
             max_queued_chunks=config.disk_queue_chunks,
             shutdown_timeout_s=config.shutdown_timeout_s,
-            remote=remote,
-            remote_rows=self.region,
+            remote=self._remote_chunks(),
+            remote_rows=region,
             remote_queue_chunks=config.remote_queue_chunks,
         )
+        self.service = service  # closed by close() even if start fails
         try:
-            self.service.start()
+            service.start()
         except RemoteAuthError as exc:
             raise ConfigError(str(exc)) from exc
-        self.pipeline = TierPipeline(
-            self.index,
-            self.service,
-            [self.metrics],
-            num_tokens_per_chunk=geo.num_tokens_per_chunk,
-        )
-        self._start_metrics(num_rows)
+        return service
 
     def _remote_chunks(self) -> RemoteChunks | None:
         """The shared remote tier, when `remote_url` is set (connected when the service
