@@ -324,6 +324,7 @@ class SchedulerRuntime:
         errors: list[str] = []
         steps = (
             ("metrics server", self._close_metrics),
+            ("pipeline", self._settle_pipeline),
             ("service", self._close_service),
             ("store", self._close_store),
             ("region", self._close_region),
@@ -335,6 +336,12 @@ class SchedulerRuntime:
                 errors.append(f"{name}: {exc}")
         if errors:
             logger.error("kvstore shutdown errors: %s", "; ".join(errors))
+
+    def _settle_pipeline(self) -> None:
+        """Apply what the service finished since vLLM's last step (its events reach the sinks)."""
+        pipeline, self.pipeline = self.pipeline, None
+        if pipeline is not None:
+            pipeline.settle()
 
     def _close_service(self) -> None:
         service, self.service = self.service, None

@@ -118,3 +118,94 @@ def test_a_wrong_password_fails_at_start_naming_the_key(
         ):
             pass
     assert "not-the-password" not in str(caught.value)
+
+
+def _prompt(seed: int) -> list[int]:
+    return [(29 * i + 31 * seed) % 500 + 5 for i in range(200)]
+
+
+def _wait(predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def test_redis_killed_mid_run_and_restarted(tiny_model_dir: Path) -> None:
+    """Serving never stops while Redis is down; once it is back, the breaker closes and
+    writes land again."""
+    from kvstore.vllm.engine import scheduler_connector
+
+    with redis_server() as server:
+        config = kv_transfer_config(
+            cpu_bytes=64 * CHUNK_BYTES, remote_url=server.url, remote_timeout_ms=300
+        )
+        with engine(tiny_model_dir, kv_transfer=config) as llm:
+            registry = scheduler_connector(llm).runtime.registry
+
+            def remote_stored() -> float:
+                return registry.get_sample_value(
+                    "kvstore_stored_chunks_total", {"tier": "remote"}
+                ) or 0.0
+
+            generate_runs(llm, [_prompt(1)])
+            _wait(lambda: remote_stored() >= 6)
+            server.kill()
+            start = time.monotonic()
+            for seed in (2, 3, 4):  # writes fail, the breaker opens; requests are served
+                outputs, _ = generate_runs(llm, [_prompt(seed)])
+                assert len(outputs[0].outputs[0].token_ids) == 8
+            assert time.monotonic() - start < 60
+            open_nodes = registry.get_sample_value(
+                "kvstore_remote_breaker_nodes", {"state": "open"}
+            )
+            assert open_nodes == 1
+            server.restart()
+            before = remote_stored()
+            deadline = time.monotonic() + 60
+            seed = 10
+            while remote_stored() <= before:  # the breaker probes after its backoff
+                assert time.monotonic() < deadline, "remote writes did not resume"
+                generate_runs(llm, [_prompt(seed)])
+                seed += 1
+                time.sleep(0.5)
+            closed = registry.get_sample_value("kvstore_remote_breaker_nodes", {"state": "closed"})
+            assert closed == 1
+
+
+def test_redis_evictions_become_one_removed_event_each(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Redis evicts under maxmemory (allkeys-lru); each evicted chunk is reported removed from
+    the remote tier exactly once: the removed keys are exactly those stored and now gone."""
+    import json
+
+    from kvstore.vllm.engine import drain
+
+    log = tmp_path / "events.jsonl"
+    with redis_server(maxmemory="2mb", maxmemory_policy="allkeys-lru") as server:
+        config = kv_transfer_config(
+            cpu_bytes=64 * CHUNK_BYTES, remote_url=server.url, events_log=str(log)
+        )
+        client = server.client()
+        with engine(tiny_model_dir, kv_transfer=config) as llm:
+            for seed in range(30):  # 30 x 6 chunks of 32 KiB: far over 2 MB
+                generate_runs(llm, [_prompt(100 + seed)], max_tokens=1)
+            _wait(lambda: int(client.info("stats")["evicted_keys"]) > 0)
+            time.sleep(2.0)  # the last notifications
+            drain(llm)  # apply them (vLLM's next step would)
+        present = {
+            key.decode().rsplit(":", 1)[1]
+            for key in client.scan_iter(match=b"kvstore:*")
+            if not key.endswith(b":descriptor")
+        }
+        client.close()
+    stored: set[str] = set()
+    removed: list[str] = []
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if record["tier"] == "remote":
+            (stored.update if record["type"] == "stored" else removed.extend)(record["keys"])
+    assert removed, "Redis evicted nothing"
+    assert len(removed) == len(set(removed))  # each at most once
+    assert set(removed) == stored - present
