@@ -1,9 +1,10 @@
 """Plumbing shared by the store commands: opening stores, one-line errors, JSON, sizes and times.
 
 Exit codes (every command): `EXIT_OK` 0; `EXIT_FAILURE` 1, an operational failure (corruption
-found and not repaired, a store that cannot be read, a write that failed); `EXIT_USAGE` 2, bad
-input (a bad option, a path that is not a store, a store of an incompatible format version, an
-unknown namespace, a key prefix that matches no chunk or several).
+found and not repaired, a store that cannot be read, a Redis server that cannot be reached, a
+write that failed); `EXIT_USAGE` 2, bad input (a bad option, a path that is not a store, a bad
+Redis URL or refused password, a store of an incompatible format version, an unknown namespace,
+a key prefix that matches no chunk or several).
 
 Read commands open the store read-only: LMDB readers never block a live engine writing it, and
 the store's scans read in short batched transactions. Writing commands (`rm`, `gc`, `verify
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,7 +33,6 @@ from kvstore.config import parse_size
 from kvstore.errors import ConfigError, KeyLookupError, KVStoreError, StoreNotFoundError
 from tiers.errors import NamespaceError, TierConfigError, TierError
 from tiers.lmdb import LMDBStore, default_map_size_bytes
-from tiers.store import EntryMeta, hex_prefix_bytes
 
 __all__ = [
     "EXIT_FAILURE",
@@ -49,13 +49,10 @@ __all__ = [
     "open_store",
     "parse_size_option",
     "relative_time",
-    "resolve_key",
-    "resolve_namespaces",
     "short_key",
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-_MAX_CANDIDATES = 5
 
 
 class UsageError(KVStoreError):
@@ -141,52 +138,6 @@ def open_store(path: Path, *, writable: bool = False) -> LMDBStore:
     return LMDBStore.open(
         path, capacity_bytes=capacity_bytes, create=False, map_size_bytes=map_size_bytes
     )
-
-
-def resolve_namespaces(store: LMDBStore, namespace: str | None) -> list[str]:
-    """Every namespace of the store, or the one `namespace` names (an id or a unique prefix)."""
-    names = sorted(store.namespaces())
-    if namespace is None:
-        return names
-    if namespace in names:
-        return [namespace]
-    matches = [name for name in names if name.startswith(namespace)]
-    if len(matches) == 1:
-        return matches
-    known = ", ".join(names[:_MAX_CANDIDATES]) or "none"
-    if matches:
-        raise UsageError(f"namespace prefix {namespace!r} matches {len(matches)}: {known}")
-    raise UsageError(f"unknown namespace {namespace!r} in {store.path}; it has: {known}")
-
-
-def resolve_key(store: LMDBStore, prefix: str, namespaces: Sequence[str]) -> EntryMeta:
-    """The one chunk whose hex key starts with `prefix`, in `namespaces`.
-
-    Raises KeyLookupError if none or several match (listing a few candidates).
-    """
-    if not prefix:
-        raise UsageError("key prefix is empty; give at least one hex digit")
-    try:
-        hex_prefix_bytes(prefix)
-    except TierConfigError as exc:
-        raise UsageError(str(exc)) from exc
-    found: list[tuple[str, bytes]] = []
-    for namespace in namespaces:
-        keys = store.find_keys(namespace, prefix, limit=_MAX_CANDIDATES + 1)
-        found.extend((namespace, key) for key in keys)
-    if not found:
-        raise KeyLookupError(f"no chunk key starts with {prefix!r} in {store.path}")
-    if len(found) > 1:
-        shown = ", ".join(f"{key.hex()[:16]} ({ns[:8]})" for ns, key in found[:_MAX_CANDIDATES])
-        more = "+" if len(found) > _MAX_CANDIDATES else ""
-        raise KeyLookupError(
-            f"key prefix {prefix!r} matches {len(found)}{more} chunks: {shown}; give more digits"
-        )
-    namespace, key = found[0]
-    meta = store.meta(namespace, key)
-    if meta is None:
-        raise KeyLookupError(f"chunk {key.hex()[:16]} vanished while reading (deleted meanwhile)")
-    return meta
 
 
 # -- keys -------------------------------------------------------------------------------------

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any
 
 from rich import box
 from rich.console import JustifyMethod
 from rich.table import Table
 
+from kvstore.cli._chunks import ChecksumState, ChunkMeta
 from kvstore.cli._common import SHORT_KEY_CHARS, iso_time
 from tiers.errors import TierConfigError
 from tiers.layout import ChunkLayout
-from tiers.store import EntryMeta
 
 __all__ = [
-    "ChecksumState",
+    "NO_LAYOUT_REASON",
     "chunk_layout",
     "entry_json",
     "layout_summary",
@@ -25,13 +24,10 @@ __all__ = [
 ]
 
 
-class ChecksumState(StrEnum):
-    """What is known about a chunk's checksum."""
-
-    UNVERIFIED = "unverified"
-    OK = "ok"
-    CORRUPT = "corrupt"
-    VANISHED = "vanished"  # deleted (by a live engine or another tool) while being read
+NO_LAYOUT_REASON = (
+    "the namespace descriptor has no chunk_layout (registered by a tool other than the engine), "
+    "so chunks cannot be decoded"
+)
 
 
 def new_table(
@@ -63,30 +59,31 @@ def new_table(
     return table
 
 
-def entry_json(meta: EntryMeta, state: ChecksumState = ChecksumState.UNVERIFIED) -> dict[str, Any]:
-    """One chunk's metadata: full hex key, sizes in bytes, times in epoch seconds and ISO."""
+def entry_json(meta: ChunkMeta, state: ChecksumState = ChecksumState.UNVERIFIED) -> dict[str, Any]:
+    """One chunk's metadata: full hex key, sizes in bytes, times in epoch seconds and ISO; null
+    for what the backend does not record (Redis: hits, creation; size and checksum until read)."""
     return {
         "key": meta.key.hex(),
         "namespace": meta.namespace,
         "size_bytes": meta.size_bytes,
+        "memory_bytes": meta.memory_bytes,
         "num_hits": meta.num_hits,
         "created_s": meta.created_s,
         "created_iso": iso_time(meta.created_s),
         "last_access_s": meta.last_access_s,
         "last_access_iso": iso_time(meta.last_access_s),
-        "checksum_xxh64": f"{meta.checksum:016x}",
+        "checksum_xxh64": None if meta.checksum is None else f"{meta.checksum:016x}",
         "checksum_state": state.value,
     }
 
 
-def chunk_layout(descriptor: Mapping[str, Any]) -> tuple[ChunkLayout | None, str]:
+def chunk_layout(
+    descriptor: Mapping[str, Any], *, no_layout_reason: str = NO_LAYOUT_REASON
+) -> tuple[ChunkLayout | None, str]:
     """The descriptor's chunk layout, or None and why it cannot be decoded."""
     raw = descriptor.get("chunk_layout")
     if raw is None:
-        return None, (
-            "the namespace descriptor has no chunk_layout (registered by a tool other than the "
-            "engine), so chunks cannot be decoded"
-        )
+        return None, no_layout_reason
     if not isinstance(raw, Mapping):
         return None, f"the namespace's chunk_layout is a {type(raw).__name__}, not a mapping"
     try:

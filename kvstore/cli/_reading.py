@@ -1,27 +1,15 @@
-"""Reading a chunk's bytes with its checksum verified, tolerating a live writer."""
+"""Reading an LMDB store's chunk with its checksum verified, tolerating a live writer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from kvstore.cli._describe import ChecksumState
+from kvstore.cli._chunks import ChecksumState, ChunkMeta, ChunkRead
 from tiers.errors import CorruptionError, TierConfigError
 from tiers.lmdb import LMDBStore
 from tiers.store import EntryMeta
 
-__all__ = ["ChunkRead", "ChunkReader"]
+__all__ = ["ChunkReader"]
 
 _MAX_ATTEMPTS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRead:
-    """The outcome of reading one chunk: its state, its meta (None if vanished) and bytes."""
-
-    state: ChecksumState
-    meta: EntryMeta | None
-    value: memoryview | None = None
-    error: str = ""
 
 
 class ChunkReader:
@@ -41,9 +29,9 @@ class ChunkReader:
             try:
                 meta = self._store.meta(namespace, key)
             except CorruptionError as exc:
-                return ChunkRead(ChecksumState.CORRUPT, None, error=str(exc))
+                return ChunkRead(namespace, key, ChecksumState.CORRUPT, None, error=str(exc))
             if meta is None:
-                return ChunkRead(ChecksumState.VANISHED, None)
+                return ChunkRead(namespace, key, ChecksumState.VANISHED, None)
             if meta == previous:  # same record, yet the value does not fit its recorded size
                 break
             outcome = self._read_value(meta)
@@ -51,26 +39,35 @@ class ChunkReader:
                 return outcome
             previous = meta
         error = f"value of key {key.hex()[:16]} in namespace {namespace!r} is larger than its "
-        return ChunkRead(ChecksumState.CORRUPT, previous, error=error + "recorded size")
+        last = None if previous is None else ChunkMeta.from_entry(previous)
+        return ChunkRead(namespace, key, ChecksumState.CORRUPT, last, error=error + "recorded size")
 
     def _read_value(self, meta: EntryMeta) -> ChunkRead | None:
         """The outcome, or None if the value does not fit the size its meta records."""
+        chunk = ChunkMeta.from_entry(meta)
+
+        def outcome(
+            state: ChecksumState, value: memoryview | None = None, error: str = ""
+        ) -> ChunkRead:
+            return ChunkRead(meta.namespace, meta.key, state, chunk, value, error)
+
         if len(self._buffer) < meta.size_bytes:
             file_bytes = (self._store.path / "data.mdb").stat().st_size
             if meta.size_bytes > file_bytes:  # a damaged meta record: never allocate that
-                error = (
-                    f"meta record of key {meta.key.hex()[:16]} in namespace {meta.namespace!r} "
-                    f"says {meta.size_bytes} bytes, more than the whole store file ({file_bytes})"
+                return outcome(
+                    ChecksumState.CORRUPT,
+                    error=f"meta record of key {meta.key.hex()[:16]} in namespace "
+                    f"{meta.namespace!r} says {meta.size_bytes} bytes, more than the whole store "
+                    f"file ({file_bytes})",
                 )
-                return ChunkRead(ChecksumState.CORRUPT, meta, error=error)
             self._buffer = bytearray(meta.size_bytes)
         view = memoryview(self._buffer)[: meta.size_bytes]
         try:
             size = self._store.get_into(meta.namespace, meta.key, view)
         except CorruptionError as exc:
-            return ChunkRead(ChecksumState.CORRUPT, meta, error=str(exc))
+            return outcome(ChecksumState.CORRUPT, error=str(exc))
         except TierConfigError:  # larger than recorded: rewritten meanwhile, or damaged
             return None
         if size is None:
-            return ChunkRead(ChecksumState.VANISHED, meta)
-        return ChunkRead(ChecksumState.OK, meta, view[:size])
+            return outcome(ChecksumState.VANISHED)
+        return outcome(ChecksumState.OK, view[:size])

@@ -1,17 +1,20 @@
-"""`kvstore stat STORE` and `kvstore ls STORE`: what a store holds, safe beside a live engine.
+"""`kvstore stat STORE` and `kvstore ls STORE`: what a store or the remote tier holds, safe beside
+live engines.
 
-Both open the store read-only and read in short batched transactions, so they never block (or
-pin pages for) an engine writing the same store.
+A store directory is opened read-only and read in short batched transactions, so the commands
+never block (or pin pages for) an engine writing it. A Redis URL is listed with SCAN and
+described with commands that do not count as accesses (see `kvstore.cli._redis_source`), so
+they do not reorder the shared tier's eviction.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,33 +22,27 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvstore.cli._chunks import ChunkMeta, ChunkRead
 from kvstore.cli._common import (
     cli_errors,
     emit_json,
     format_bytes,
     iso_time,
-    open_store,
     relative_time,
-    resolve_namespaces,
     short_key,
 )
-from kvstore.cli._describe import (
-    ChecksumState,
-    entry_json,
-    layout_summary,
-    new_table,
-    num_tokens_per_chunk,
+from kvstore.cli._describe import entry_json, layout_summary, new_table, num_tokens_per_chunk
+from kvstore.cli._source import (
+    ChunkSource,
+    PasswordEnvOption,
+    StoreArgument,
+    TimeoutOption,
+    open_source,
+    resolve_namespaces,
 )
-from kvstore.cli._reading import ChunkReader
 from kvstore.cli.app import app
-from tiers.lmdb import LMDBStore
-from tiers.store import EntryMeta, StoreStats
 
 __all__ = ["SortKey", "ls", "stat"]
-
-StoreArgument = Annotated[
-    Path, typer.Argument(help="The store directory (holds data.mdb).", show_default=False)
-]
 
 
 # -- stat -------------------------------------------------------------------------------------
@@ -53,16 +50,18 @@ StoreArgument = Annotated[
 
 @dataclass(slots=True)
 class _AccessSpan:
-    """Oldest and newest last access over a scan of entries."""
+    """Oldest and newest last access over a scan of entries (unknown ones left out)."""
 
     oldest_s: float | None = None
     newest_s: float | None = None
 
-    def add(self, meta: EntryMeta) -> None:
-        if self.oldest_s is None or meta.last_access_s < self.oldest_s:
-            self.oldest_s = meta.last_access_s
-        if self.newest_s is None or meta.last_access_s > self.newest_s:
-            self.newest_s = meta.last_access_s
+    def add(self, last_access_s: float | None) -> None:
+        if last_access_s is None:
+            return
+        if self.oldest_s is None or last_access_s < self.oldest_s:
+            self.oldest_s = last_access_s
+        if self.newest_s is None or last_access_s > self.newest_s:
+            self.newest_s = last_access_s
 
     def merge(self, other: _AccessSpan) -> None:
         for value in (other.oldest_s, other.newest_s):
@@ -79,12 +78,24 @@ class _AccessSpan:
         }
 
 
-def _namespace_json(
-    namespace: str, descriptor: Mapping[str, Any], stats: StoreStats, span: _AccessSpan
-) -> dict[str, Any]:
-    counts = stats.namespaces.get(namespace)
+@dataclass(slots=True)
+class _Tally:
+    """One namespace's chunks, bytes and access span, from one scan of its metadata."""
+
+    num_entries: int = 0
+    used_bytes: int = 0
+    span: _AccessSpan = field(default_factory=_AccessSpan)
+
+    def add(self, meta: ChunkMeta) -> None:
+        self.num_entries += 1
+        self.used_bytes += meta.used_bytes
+        self.span.add(meta.last_access_s)
+
+
+def _namespace_json(namespace: str, descriptor: Mapping[str, Any], tally: _Tally) -> dict[str, Any]:
     return {
         "namespace_id": namespace,
+        "has_descriptor": bool(descriptor),
         "model": descriptor.get("model"),
         "kv_dtype": descriptor.get("kv_dtype"),
         "layout_summary": layout_summary(descriptor),
@@ -93,34 +104,29 @@ def _namespace_json(
         "tp_size": descriptor.get("tp_size"),
         "created_by": descriptor.get("created_by"),
         "has_chunk_layout": "chunk_layout" in descriptor,
-        "num_entries": 0 if counts is None else counts.num_entries,
-        "used_bytes": 0 if counts is None else counts.used_bytes,
-        **span.to_json(),
+        "num_entries": tally.num_entries,
+        "used_bytes": tally.used_bytes,
+        **tally.span.to_json(),
     }
 
 
-def stat_document(store: LMDBStore) -> dict[str, Any]:
-    """Occupancy (O(1) counters) plus access times and namespaces (one scan of the metas)."""
-    descriptors = store.namespaces()
-    stats = store.stats()
+def stat_document(source: ChunkSource) -> dict[str, Any]:
+    """The backend's summary plus namespaces, their chunks, bytes and access times (one scan of
+    the metadata). A store directory's totals are its O(1) counters."""
+    descriptors = source.namespaces()
     total = _AccessSpan()
     namespaces = []
     for namespace in sorted(descriptors):
-        span = _AccessSpan()
-        for meta in store.iter_meta(namespace):
-            span.add(meta)
-        total.merge(span)
-        namespaces.append(_namespace_json(namespace, descriptors[namespace], stats, span))
-    capacity = stats.capacity_bytes
+        tally = _Tally()
+        for meta in source.iter_meta(namespace):
+            tally.add(meta)
+        total.merge(tally.span)
+        namespaces.append(_namespace_json(namespace, descriptors[namespace], tally))
     return {
-        "path": str(store.path),
-        "num_entries": stats.num_entries,
-        "used_bytes": stats.used_bytes,
-        "capacity_bytes": capacity,
-        "free_bytes": stats.free_bytes,
-        "fill_ratio": round(stats.used_bytes / capacity, 6) if capacity else None,
-        "file_bytes": stats.file_bytes,
-        "map_size_bytes": stats.map_size_bytes,
+        **source.where(),
+        "num_entries": sum(ns["num_entries"] for ns in namespaces),
+        "used_bytes": sum(ns["used_bytes"] for ns in namespaces),
+        **source.summary(),
         **total.to_json(),
         "num_namespaces": len(namespaces),
         "namespaces": namespaces,
@@ -137,45 +143,75 @@ def _fields_table(title: str, rows: Iterable[tuple[str, str]]) -> Table:
     return table
 
 
+def _percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{100 * ratio:.1f}%"
+
+
+def _size(size: int | None) -> str:
+    return "-" if size is None else format_bytes(size)
+
+
+def _backend_rows(document: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The summary lines of one backend: a store's file, a Redis server's memory."""
+    used = document["used_bytes"]
+    if document["backend"] != "redis":
+        return [
+            ("used", f"{format_bytes(used)} ({used:,} B)"),
+            ("capacity", format_bytes(document["capacity_bytes"])),
+            ("fill", _percent(document["fill_ratio"])),
+            ("file on disk", format_bytes(document["file_bytes"])),
+        ]
+    limit = document["maxmemory_bytes"]
+    masters = document["masters"]
+    kind = f"cluster of {len(masters)} masters" if document["is_cluster"] else "standalone"
+    evicted = document["num_evicted_keys"]
+    return [
+        ("used", f"{format_bytes(used)} ({used:,} B, MEMORY USAGE of the chunks)"),
+        ("server memory", _size(document["server_used_memory_bytes"])),
+        ("maxmemory", "none" if limit is None else format_bytes(limit)),
+        ("fill", _percent(document["server_fill_ratio"])),
+        ("policy", str(document["maxmemory_policy"] or "-")),
+        ("evicted keys", "-" if evicted is None else f"{evicted:,}"),
+        ("server", f"{kind}: {', '.join(masters)}"),
+    ]
+
+
+def _namespace_rows(ns: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
+    tokens = ns["num_tokens_per_chunk"]
+    entries = ("entries", f"{ns['num_entries']:,} ({format_bytes(ns['used_bytes'])})")
+    access = [
+        ("oldest access", _when(ns["oldest_access_s"], now)),
+        ("newest access", _when(ns["newest_access_s"], now)),
+    ]
+    if not ns["has_descriptor"]:
+        return [("descriptor", "none (evicted, or not written yet)"), entries, *access]
+    return [
+        ("model", str(ns["model"])),
+        ("kv dtype", str(ns["kv_dtype"])),
+        ("layout", ns["layout_summary"]),
+        ("block size", f"{ns['engine_block_size']} tokens"),
+        ("chunk", "-" if tokens is None else f"{tokens} tokens"),
+        ("TP size", str(ns["tp_size"])),
+        ("created by", str(ns["created_by"] or "-")),
+        entries,
+        *access,
+    ]
+
+
 def _print_stat(document: Mapping[str, Any]) -> None:
     console, now = Console(highlight=False), time.time()
-    ratio = document["fill_ratio"]
-    used = document["used_bytes"]
-    console.print(
-        _fields_table(
-            f"store {document['path']}",
-            (
-                ("entries", f"{document['num_entries']:,}"),
-                ("used", f"{format_bytes(used)} ({used:,} B)"),
-                ("capacity", format_bytes(document["capacity_bytes"])),
-                ("fill", "-" if ratio is None else f"{100 * ratio:.1f}%"),
-                ("file on disk", format_bytes(document["file_bytes"])),
-                ("oldest access", _when(document["oldest_access_s"], now)),
-                ("newest access", _when(document["newest_access_s"], now)),
-                ("namespaces", str(document["num_namespaces"])),
-            ),
-        )
-    )
+    where = document.get("path") or document.get("url")
+    rows = [
+        ("entries", f"{document['num_entries']:,}"),
+        *_backend_rows(document),
+        ("oldest access", _when(document["oldest_access_s"], now)),
+        ("newest access", _when(document["newest_access_s"], now)),
+        ("namespaces", str(document["num_namespaces"])),
+    ]
+    console.print(_fields_table(f"store {where}", rows))
     for ns in document["namespaces"]:
-        tokens = ns["num_tokens_per_chunk"]
         console.print()
-        console.print(
-            _fields_table(
-                f"namespace {ns['namespace_id']}",
-                (
-                    ("model", str(ns["model"])),
-                    ("kv dtype", str(ns["kv_dtype"])),
-                    ("layout", ns["layout_summary"]),
-                    ("block size", f"{ns['engine_block_size']} tokens"),
-                    ("chunk", "-" if tokens is None else f"{tokens} tokens"),
-                    ("TP size", str(ns["tp_size"])),
-                    ("created by", str(ns["created_by"] or "-")),
-                    ("entries", f"{ns['num_entries']:,} ({format_bytes(ns['used_bytes'])})"),
-                    ("oldest access", _when(ns["oldest_access_s"], now)),
-                    ("newest access", _when(ns["newest_access_s"], now)),
-                ),
-            )
-        )
+        console.print(_fields_table(f"namespace {ns['namespace_id']}", _namespace_rows(ns, now)))
 
 
 def _when(epoch_s: float | None, now_s: float) -> str:
@@ -185,11 +221,13 @@ def _when(epoch_s: float | None, now_s: float) -> str:
 @app.command()
 def stat(
     store: StoreArgument,
+    password_env: PasswordEnvOption = None,
+    timeout_ms: TimeoutOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Namespaces, entries, used bytes, capacity, file size, fill and access times of a store."""
-    with cli_errors(), open_store(store) as opened:
-        document = stat_document(opened)
+    """Namespaces, entries, bytes, capacity or memory, fill and access times of a store."""
+    with cli_errors(), open_source(store, password_env, timeout_ms) as source:
+        document = stat_document(source)
     if as_json:
         emit_json(document)
     else:
@@ -206,23 +244,28 @@ class SortKey(StrEnum):
     KEY = "key"
 
 
+def _known(value: float | None) -> float:
+    """What a backend does not record sorts last (largest first) or first (reversed)."""
+    return -math.inf if value is None else value
+
+
 # Largest first for every order; "age" puts the most recently accessed first (like `ls -t`).
-_ORDER: dict[SortKey, Callable[[EntryMeta], Any]] = {
-    SortKey.AGE: lambda m: m.last_access_s,
-    SortKey.SIZE: lambda m: m.size_bytes,
-    SortKey.HITS: lambda m: m.num_hits,
+_ORDER: dict[SortKey, Callable[[ChunkMeta], Any]] = {
+    SortKey.AGE: lambda m: (_known(m.last_access_s), m.namespace, m.key),
+    SortKey.SIZE: lambda m: (m.used_bytes, m.namespace, m.key),
+    SortKey.HITS: lambda m: (_known(m.num_hits), m.namespace, m.key),
 }
 
 
-def _by_key(meta: EntryMeta) -> tuple[str, bytes]:
+def _by_key(meta: ChunkMeta) -> tuple[str, bytes]:
     return meta.namespace, meta.key
 
 
 def select_entries(
-    metas: Iterable[EntryMeta], sort: SortKey, *, limit: int | None, reverse: bool
-) -> list[EntryMeta]:
+    metas: Iterable[ChunkMeta], sort: SortKey, *, limit: int | None, reverse: bool
+) -> list[ChunkMeta]:
     """Sorted (see `_ORDER`; key order for `key`), reversed if asked, the first `limit` kept."""
-    order: Callable[[EntryMeta], Any] = _ORDER.get(sort, _by_key)
+    order: Callable[[ChunkMeta], Any] = _ORDER.get(sort, _by_key)
     largest_first = reverse if sort is SortKey.KEY else not reverse
     if limit is None:
         return sorted(metas, key=order, reverse=largest_first)
@@ -230,9 +273,32 @@ def select_entries(
     return pick(limit, metas, key=order)
 
 
-def _iter_all(store: LMDBStore, namespaces: list[str]) -> Iterable[EntryMeta]:
+def _iter_all(source: ChunkSource, namespaces: list[str]) -> Iterable[ChunkMeta]:
     for namespace in namespaces:
-        yield from store.iter_meta(namespace)
+        yield from source.iter_meta(namespace)
+
+
+def _read_all(source: ChunkSource, entries: list[ChunkMeta]) -> dict[tuple[str, bytes], ChunkRead]:
+    """Each listed chunk read and verified (grouped by namespace: one batch each)."""
+    by_namespace: dict[str, list[bytes]] = {}
+    for meta in entries:
+        by_namespace.setdefault(meta.namespace, []).append(meta.key)
+    return {
+        (read.namespace, read.key): read
+        for namespace, keys in by_namespace.items()
+        for read in source.read_many(namespace, keys)
+    }
+
+
+def _rows(source: ChunkSource, entries: list[ChunkMeta], *, verify: bool) -> list[dict[str, Any]]:
+    if not verify:
+        return [entry_json(meta) for meta in entries]
+    reads = _read_all(source, entries)
+    rows = []
+    for meta in entries:
+        read = reads[meta.namespace, meta.key]
+        rows.append(entry_json(read.meta or meta, read.state))
+    return rows
 
 
 def _print_ls(rows: list[dict[str, Any]], num_total: int) -> None:
@@ -245,11 +311,13 @@ def _print_ls(rows: list[dict[str, Any]], num_total: int) -> None:
         wrap=("size", "created", "accessed"),
     )
     for row in rows:
+        size = row["size_bytes"] if row["size_bytes"] is not None else row["memory_bytes"]
+        hits = row["num_hits"]
         table.add_row(
             short_key(bytes.fromhex(row["key"])),
             row["namespace"][:8],
-            format_bytes(row["size_bytes"]),
-            f"{row['num_hits']:,}",
+            _size(size),
+            "-" if hits is None else f"{hits:,}",
             relative_time(row["created_s"], now),
             relative_time(row["last_access_s"], now),
             row["checksum_state"],
@@ -266,28 +334,31 @@ def ls(
     ] = None,
     sort: Annotated[
         SortKey,
-        typer.Option(help="age: most recently accessed first; size, hits: largest first."),
+        typer.Option(
+            help="age: most recently accessed first; size, hits: largest first (Redis counts "
+            "no hits)."
+        ),
     ] = SortKey.AGE,
     reverse: Annotated[bool, typer.Option(help="Reverse the order.")] = False,
     limit: Annotated[int | None, typer.Option(min=1, help="Show at most this many.")] = None,
     verify: Annotated[
         bool, typer.Option(help="Read the listed chunks and verify their checksums.")
     ] = False,
+    password_env: PasswordEnvOption = None,
+    timeout_ms: TimeoutOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """One row per chunk: key, namespace, size, hits, created, last access, checksum state."""
-    with cli_errors(), open_store(store) as opened:
-        names = resolve_namespaces(opened, namespace)
-        counts = opened.stats().namespaces
-        num_total = sum(counts[n].num_entries for n in names if n in counts)
-        entries = select_entries(_iter_all(opened, names), sort, limit=limit, reverse=reverse)
-        reader = ChunkReader(opened)
-        states = [
-            reader.read(m.namespace, m.key).state if verify else ChecksumState.UNVERIFIED
-            for m in entries
-        ]
-    rows = [entry_json(meta, state) for meta, state in zip(entries, states, strict=True)]
+    """One row per chunk: key, namespace, size, hits, created, last access, checksum state.
+
+    On Redis the size is the value's MEMORY USAGE until --verify reads the payload's own size.
+    """
+    with cli_errors(), open_source(store, password_env, timeout_ms) as source:
+        names = resolve_namespaces(source, namespace)
+        num_total = source.num_chunks(names)
+        entries = select_entries(_iter_all(source, names), sort, limit=limit, reverse=reverse)
+        rows = _rows(source, entries, verify=verify)
+        where = source.where()
     if as_json:
-        emit_json({"path": str(opened.path), "num_chunks": num_total, "chunks": rows})
+        emit_json({**where, "num_chunks": num_total, "chunks": rows})
     else:
         _print_ls(rows, num_total)

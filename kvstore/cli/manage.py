@@ -2,8 +2,10 @@
 
 Deletes run in ordinary write transactions of at most `_BATCH` chunks, so an engine writing the
 same store waits for at most one short batch (LMDB serialises writers across processes); the
-engine treats a chunk that vanished under it as a miss. Both ask before deleting on a terminal,
-and refuse without `--yes` when stdin is not one.
+engine treats a chunk that vanished under it as a miss. `rm` also deletes from the remote tier
+(a Redis URL: DEL of the listed chunk keys, pipelined per node); `gc` is for store directories
+only, Redis evicts by itself (`maxmemory` and its policy). Both ask before deleting on a
+terminal, and refuse without `--yes` when stdin is not one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from kvstore.cli._chunks import ChunkMeta
 from kvstore.cli._common import (
     EXIT_FAILURE,
     UsageError,
@@ -27,6 +30,14 @@ from kvstore.cli._common import (
     format_bytes,
     open_store,
     parse_size_option,
+)
+from kvstore.cli._source import (
+    ChunkSource,
+    PasswordEnvOption,
+    StoreArgument,
+    TimeoutOption,
+    is_remote_target,
+    open_source,
     resolve_key,
     resolve_namespaces,
 )
@@ -39,7 +50,9 @@ __all__ = ["evict_lru", "gc", "rm"]
 _BATCH = 256
 _MAX_GC_PASSES = 3
 
-StoreArgument = Annotated[Path, typer.Argument(help="The store directory (holds data.mdb).")]
+StorePathArgument = Annotated[
+    str, typer.Argument(metavar="STORE", help="The store directory (holds data.mdb).")
+]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 JSONOption = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
@@ -48,7 +61,7 @@ JSONOption = Annotated[bool, typer.Option("--json", help="One JSON document on s
 class _Target:
     """What `rm` deletes: these chunks, or every chunk of these namespaces."""
 
-    chunks: tuple[EntryMeta, ...] = ()
+    chunks: tuple[ChunkMeta, ...] = ()
     namespaces: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -63,17 +76,17 @@ def _batched(items: Iterable[bytes]) -> Iterator[list[bytes]]:
         yield batch
 
 
-def delete_namespace_entries(store: LMDBStore, namespace: str) -> int:
-    """Delete every chunk of `namespace` in short transactions; its registration stays, so a
-    live engine keeps writing to it."""
+def delete_namespace_entries(source: ChunkSource, namespace: str) -> int:
+    """Delete every chunk of `namespace` in short batches; its registration stays, so a live
+    engine keeps writing to it."""
     num_deleted = 0
-    while keys := list(islice(store.iter_keys(namespace), _BATCH)):
-        num_deleted += store.delete_many(namespace, keys)
+    while keys := list(islice(source.iter_keys(namespace), _BATCH)):
+        num_deleted += source.delete_many(namespace, keys)
     return num_deleted
 
 
 def _select(
-    store: LMDBStore, keys: Sequence[str], namespace: str | None, *, every: bool, unregister: bool
+    store: ChunkSource, keys: Sequence[str], namespace: str | None, *, every: bool, unregister: bool
 ) -> _Target:
     if every and (keys or namespace):
         raise UsageError("--all deletes everything; give no KEY and no --namespace with it")
@@ -90,7 +103,7 @@ def _select(
     raise UsageError("say what to delete: KEY..., --namespace NS or --all")
 
 
-def _delete(store: LMDBStore, target: _Target, unregister: bool) -> int:
+def _delete(store: ChunkSource, target: _Target, unregister: bool) -> int:
     num_deleted = 0
     for chunk in target.chunks:
         num_deleted += store.delete_many(chunk.namespace, [chunk.key])
@@ -114,31 +127,35 @@ def rm(
     every: Annotated[bool, typer.Option("--all", help="Delete every chunk of the store.")] = False,
     unregister: Annotated[
         bool,
-        typer.Option(help="Also drop the namespace registration (only when no engine uses it)."),
+        typer.Option(
+            help="Also drop the namespace registration (Redis: its descriptor) - only when no "
+            "engine uses it."
+        ),
     ] = False,
+    password_env: PasswordEnvOption = None,
+    timeout_ms: TimeoutOption = None,
     yes: YesOption = False,
     as_json: JSONOption = False,
 ) -> None:
     """Delete chunks: KEY... (hex prefixes), a whole --namespace, or --all."""
-    with cli_errors():
-        with open_store(store) as opened:
-            target = _select(opened, keys or [], namespace, every=every, unregister=unregister)
-        confirm(f"delete {target.describe()} from {opened.path}", yes=yes)
-        with open_store(store, writable=True) as writable:
+    with cli_errors(), open_source(store, password_env, timeout_ms) as source:
+        where = source.where()
+        target = _select(source, keys or [], namespace, every=every, unregister=unregister)
+        confirm(f"delete {target.describe()} from {source.location}", yes=yes)
+        with source.for_writing() as writable:
             num_deleted = _delete(writable, target, unregister)
-            stats = writable.stats()
+            num_entries, used_bytes = writable.totals()
     document = {
-        "path": str(opened.path),
+        **where,
         "num_deleted": num_deleted,
-        "num_entries": stats.num_entries,
-        "used_bytes": stats.used_bytes,
+        "num_entries": num_entries,
+        "used_bytes": used_bytes,
     }
     if as_json:
         emit_json(document)
     else:
         Console(highlight=False).print(
-            f"deleted {num_deleted:,} chunks; {stats.num_entries:,} left "
-            f"({format_bytes(stats.used_bytes)})"
+            f"deleted {num_deleted:,} chunks; {num_entries:,} left ({format_bytes(used_bytes)})"
         )
 
 
@@ -187,7 +204,7 @@ def _plan_gc(store: Path, max_bytes: int) -> tuple[int, list[EntryMeta]]:
 
 @app.command()
 def gc(
-    store: StoreArgument,
+    store: StorePathArgument,
     max_bytes: Annotated[
         str, typer.Option(help="Evict until the chunks use at most this much, e.g. 512MiB.")
     ],
@@ -195,21 +212,28 @@ def gc(
     yes: YesOption = False,
     as_json: JSONOption = False,
 ) -> None:
-    """Evict the least recently accessed chunks until used bytes <= --max-bytes."""
+    """Evict the least recently accessed chunks until used bytes <= --max-bytes (a store
+    directory; Redis evicts by itself)."""
+    path = Path(store)
     with cli_errors():
+        if is_remote_target(store):
+            raise UsageError(
+                f"gc evicts from a store directory, not {store}: Redis evicts by itself "
+                "(maxmemory and maxmemory-policy); use `kvstore rm` to delete from it"
+            )
         limit = parse_size_option("--max-bytes", max_bytes)
-        used_before, victims = _plan_gc(store, limit)
+        used_before, victims = _plan_gc(path, limit)
         num_evicted, used_after = 0, used_before
         if victims and not dry_run:
-            confirm(f"evict {len(victims):,} chunks from {store}", yes=yes)
+            confirm(f"evict {len(victims):,} chunks from {path}", yes=yes)
             for _ in range(_MAX_GC_PASSES):  # a live engine may write meanwhile
-                with open_store(store, writable=True) as writable:
+                with open_store(path, writable=True) as writable:
                     num_evicted += evict_lru(writable, limit, victims)
-                used_after, victims = _plan_gc(store, limit)
+                used_after, victims = _plan_gc(path, limit)
                 if not victims:
                     break
     document: dict[str, Any] = {
-        "path": str(store),
+        "path": str(path),
         "max_bytes": limit,
         "used_bytes_before": used_before,
         "used_bytes_after": used_after,

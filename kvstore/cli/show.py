@@ -2,7 +2,9 @@
 
 The value is read with its checksum verified, then decoded with the `chunk_layout` the engine
 registered in the namespace descriptor: one rank's slice per tensor-parallel rank (rank r at
-`r * row_bytes // tp_size`), each layer as a typed tensor, summarised by min/max/mean/NaNs.
+`r * row_bytes // tp_size`), each layer as a typed tensor, summarised by min/max/mean/NaNs. The
+engine's descriptor in the remote tier carries no chunk layout: there, `show` prints the
+metadata and says why it cannot decode (as for a store namespace another tool registered).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -19,19 +20,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvstore.cli._chunks import ChecksumState, ChunkRead
 from kvstore.cli._common import (
     EXIT_FAILURE,
     cli_errors,
     emit_json,
     err_console,
     format_bytes,
-    open_store,
     relative_time,
+)
+from kvstore.cli._describe import NO_LAYOUT_REASON, chunk_layout, entry_json, new_table
+from kvstore.cli._source import (
+    ChunkSource,
+    PasswordEnvOption,
+    StoreArgument,
+    TimeoutOption,
+    open_source,
     resolve_key,
     resolve_namespaces,
 )
-from kvstore.cli._describe import ChecksumState, chunk_layout, entry_json, new_table
-from kvstore.cli._reading import ChunkReader
 from kvstore.cli.app import app
 from tiers.errors import TierConfigError
 
@@ -66,9 +73,11 @@ def layer_summary(rank: int, name: str, tensor: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def decode_chunk(value: memoryview, descriptor: Mapping[str, Any]) -> Decoded:
+def decode_chunk(
+    value: memoryview, descriptor: Mapping[str, Any], *, no_layout_reason: str = NO_LAYOUT_REASON
+) -> Decoded:
     """Decode every rank's slice of `value` with the descriptor's chunk layout."""
-    layout, reason = chunk_layout(descriptor)
+    layout, reason = chunk_layout(descriptor, no_layout_reason=no_layout_reason)
     tp_size = descriptor.get("tp_size", 1)
     row_bytes = descriptor.get("row_bytes", value.nbytes)
     if not isinstance(tp_size, int) or tp_size < 1:
@@ -132,25 +141,29 @@ def _print_show(document: Mapping[str, Any]) -> None:
     chunk = document["chunk"]
     now = time.time()
     created, accessed = chunk["created_s"], chunk["last_access_s"]
-    console.print(
-        _fields(
-            (
-                ("key", chunk["key"]),
-                ("namespace", chunk["namespace"]),
-                ("size", f"{format_bytes(chunk['size_bytes'])} ({chunk['size_bytes']:,} B)"),
-                ("hits", f"{chunk['num_hits']:,}"),
-                ("created", f"{relative_time(created, now)} ({chunk['created_iso']})"),
-                ("last access", f"{relative_time(accessed, now)} ({chunk['last_access_iso']})"),
-                ("checksum", f"xxh64 {chunk['checksum_xxh64']}: {chunk['checksum_state']}"),
-                ("model", str(document["descriptor"].get("model", "-"))),
-                ("TP size", str(document["tp_size"])),
-            )
-        )
-    )
+    size, memory, hits = chunk["size_bytes"], chunk["memory_bytes"], chunk["num_hits"]
+    checksum = chunk["checksum_xxh64"]
+    rows = [
+        ("key", chunk["key"]),
+        ("namespace", chunk["namespace"]),
+        ("size", "-" if size is None else f"{format_bytes(size)} ({size:,} B)"),
+        *([("memory", f"{format_bytes(memory)} ({memory:,} B)")] if memory is not None else []),
+        ("hits", "-" if hits is None else f"{hits:,}"),
+        ("created", _when(created, chunk["created_iso"], now)),
+        ("last access", _when(accessed, chunk["last_access_iso"], now)),
+        ("checksum", f"xxh64 {checksum or '-'}: {chunk['checksum_state']}"),
+        ("model", str(document["descriptor"].get("model", "-"))),
+        ("TP size", str(document["tp_size"])),
+    ]
+    console.print(_fields(rows))
     if document["decode_skipped_reason"]:
         console.print(f"no decode: {escape(document['decode_skipped_reason'])}")
         return
     console.print(_layer_table(document["layers"], has_ranks=document["tp_size"] > 1))
+
+
+def _when(epoch_s: float | None, iso: str | None, now_s: float) -> str:
+    return "-" if epoch_s is None else f"{relative_time(epoch_s, now_s)} ({iso})"
 
 
 def _layer_table(layers: Sequence[Mapping[str, Any]], *, has_ranks: bool) -> Table:
@@ -171,35 +184,41 @@ def _layer_table(layers: Sequence[Mapping[str, Any]], *, has_ranks: bool) -> Tab
     return table
 
 
+def _decode(source: ChunkSource, read: ChunkRead, descriptor: Mapping[str, Any]) -> Decoded:
+    if read.value is not None:
+        return decode_chunk(read.value, descriptor, no_layout_reason=source.no_layout_reason)
+    if read.state is ChecksumState.CORRUPT:
+        return Decoded(skipped_reason=f"the value fails its checksum: {read.error}")
+    if read.state is ChecksumState.NEWER_FORMAT:
+        return Decoded(skipped_reason=f"the value cannot be read: {read.error}")
+    return Decoded(skipped_reason="the chunk was deleted while reading")
+
+
 @app.command()
 def show(
-    store: Annotated[Path, typer.Argument(help="The store directory (holds data.mdb).")],
+    store: StoreArgument,
     key: Annotated[str, typer.Argument(help="A hex prefix of the chunk's key.")],
     namespace: Annotated[
         str | None, typer.Option(help="Look in this namespace only (an id or a unique prefix).")
     ] = None,
+    password_env: PasswordEnvOption = None,
+    timeout_ms: TimeoutOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """A chunk's metadata and per-layer decode (verifies its checksum while reading)."""
-    with cli_errors(), open_store(store) as opened:
-        meta = resolve_key(opened, key, resolve_namespaces(opened, namespace))
-        descriptor = opened.namespaces().get(meta.namespace, {})
-        read = ChunkReader(opened).read(meta.namespace, meta.key)
-        decoded = Decoded()
-        if read.value is not None:
-            decoded = decode_chunk(read.value, descriptor)
-        elif read.state is ChecksumState.CORRUPT:
-            decoded.skipped_reason = f"the value fails its checksum: {read.error}"
-        else:
-            decoded.skipped_reason = "the chunk was deleted while reading"
-    document = {
-        "path": str(opened.path),
-        "chunk": entry_json(read.meta or meta, read.state),
-        "descriptor": descriptor,
-        "tp_size": decoded.tp_size,
-        "decode_skipped_reason": decoded.skipped_reason or None,
-        "layers": decoded.layers,
-    }
+    with cli_errors(), open_source(store, password_env, timeout_ms) as source:
+        meta = resolve_key(source, key, resolve_namespaces(source, namespace))
+        descriptor = source.namespaces().get(meta.namespace, {})
+        (read,) = source.read_many(meta.namespace, [meta.key])
+        decoded = _decode(source, read, descriptor)
+        document = {
+            **source.where(),
+            "chunk": entry_json(read.meta or meta, read.state),
+            "descriptor": descriptor,
+            "tp_size": decoded.tp_size,
+            "decode_skipped_reason": decoded.skipped_reason or None,
+            "layers": decoded.layers,
+        }
     if as_json:
         emit_json(document)
     else:

@@ -1,9 +1,11 @@
 """`kvstore verify STORE`: read every chunk, check its xxh64, and optionally delete the bad ones.
 
-The scan opens the store read-only (short read transactions; a live engine keeps writing), so a
-chunk the engine evicts meanwhile counts as vanished, not as bad. `--repair` then opens the store
-for writing and deletes the bad chunks in one transaction per namespace; the engine treats a
-vanished chunk as a miss and recomputes it.
+A store directory is scanned read-only (short read transactions; a live engine keeps writing),
+so a chunk the engine evicts meanwhile counts as vanished, not as bad; `--repair` then reopens
+it for writing and deletes the bad chunks. On Redis every value is fetched (GET, pipelined) and
+checked against the remote value format (size, xxh64, namespace, key); `--repair` DELs the bad
+ones. A value written by a newer kvstore is counted, never deleted. Engines treat a deleted
+chunk as a miss and recompute it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,19 +20,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvstore.cli._common import (
-    EXIT_FAILURE,
-    cli_errors,
-    emit_json,
-    err_console,
-    open_store,
+from kvstore.cli._chunks import ChecksumState
+from kvstore.cli._common import EXIT_FAILURE, cli_errors, emit_json, err_console, short_key
+from kvstore.cli._describe import new_table
+from kvstore.cli._source import (
+    ChunkSource,
+    PasswordEnvOption,
+    StoreArgument,
+    TimeoutOption,
+    open_source,
     resolve_namespaces,
-    short_key,
 )
-from kvstore.cli._describe import ChecksumState, new_table
-from kvstore.cli._reading import ChunkReader
 from kvstore.cli.app import app
-from tiers.lmdb import LMDBStore
 
 __all__ = ["BadChunk", "VerifyReport", "repair", "scan", "verify"]
 
@@ -55,13 +55,14 @@ class VerifyReport:
     num_repaired: int = 0
     num_remaining: int = 0
 
-    def to_json(self, path: Path, *, repair: bool) -> dict[str, Any]:
+    def to_json(self, where: dict[str, str], *, repair: bool) -> dict[str, Any]:
         return {
-            "path": str(path),
+            **where,
             "num_checked": sum(self.counts.values()),
             "num_ok": self.counts[ChecksumState.OK],
             "num_corrupt": self.counts[ChecksumState.CORRUPT],
             "num_vanished": self.counts[ChecksumState.VANISHED],
+            "num_newer_format": self.counts[ChecksumState.NEWER_FORMAT],
             "corrupt": [bad.to_json() for bad in self.bad],
             "repair": repair,
             "num_repaired": self.num_repaired,
@@ -83,32 +84,29 @@ def _progress() -> Progress:
     )
 
 
-def scan(store: LMDBStore, namespaces: Sequence[str], *, show_progress: bool) -> VerifyReport:
+def scan(source: ChunkSource, namespaces: Sequence[str], *, show_progress: bool) -> VerifyReport:
     """Read and checksum every chunk of `namespaces`."""
     report = VerifyReport()
-    reader = ChunkReader(store)
-    counts = store.stats().namespaces
-    total = sum(counts[n].num_entries for n in namespaces if n in counts)
+    total = source.num_chunks(namespaces)
     with _progress() as progress:
         task = progress.add_task("verify", total=total, visible=show_progress)
         for namespace in namespaces:
-            for key in store.iter_keys(namespace):
-                read = reader.read(namespace, key)
+            for read in source.read_many(namespace, source.iter_keys(namespace)):
                 report.counts[read.state] += 1
                 if read.state is ChecksumState.CORRUPT:
-                    report.bad.append(BadChunk(namespace, key, read.error))
+                    report.bad.append(BadChunk(namespace, read.key, read.error))
                 progress.advance(task)
     return report
 
 
-def repair(store: LMDBStore, bad: Sequence[BadChunk]) -> tuple[int, int]:
-    """Delete the bad chunks (one transaction per namespace); returns (deleted, still there)."""
+def repair(source: ChunkSource, bad: Sequence[BadChunk]) -> tuple[int, int]:
+    """Delete the bad chunks (one batch per namespace); returns (deleted, still there)."""
     by_namespace: dict[str, list[bytes]] = {}
     for chunk in bad:
         by_namespace.setdefault(chunk.namespace, []).append(chunk.key)
-    num_deleted = sum(store.delete_many(ns, keys) for ns, keys in by_namespace.items())
+    num_deleted = sum(source.delete_many(ns, keys) for ns, keys in by_namespace.items())
     num_remaining = sum(
-        store.meta(ns, key) is not None for ns, keys in by_namespace.items() for key in keys
+        source.meta(ns, key) is not None for ns, keys in by_namespace.items() for key in keys
     )
     return num_deleted, num_remaining
 
@@ -116,10 +114,12 @@ def repair(store: LMDBStore, bad: Sequence[BadChunk]) -> tuple[int, int]:
 def _print_report(report: VerifyReport, *, repair: bool) -> None:
     console = Console(highlight=False)
     counts = report.counts
+    newer = counts[ChecksumState.NEWER_FORMAT]
     console.print(
         f"checked {sum(counts.values()):,} chunks: {counts[ChecksumState.OK]:,} ok, "
         f"{counts[ChecksumState.CORRUPT]:,} corrupt, {counts[ChecksumState.VANISHED]:,} vanished "
         "while reading"
+        + (f", {newer:,} written by a newer kvstore (not checked, kept)" if newer else "")
     )
     if report.bad:
         table = new_table(
@@ -135,31 +135,33 @@ def _print_report(report: VerifyReport, *, repair: bool) -> None:
 
 @app.command()
 def verify(
-    store: Annotated[Path, typer.Argument(help="The store directory (holds data.mdb).")],
+    store: StoreArgument,
     namespace: Annotated[
         str | None, typer.Option(help="Only this namespace (an id or a unique prefix).")
     ] = None,
     repair_bad: Annotated[
         bool, typer.Option("--repair", help="Delete the chunks that fail their checksum.")
     ] = False,
+    password_env: PasswordEnvOption = None,
+    timeout_ms: TimeoutOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Check every chunk's checksum; exit 1 if corrupt chunks remain (0 after --repair)."""
-    with cli_errors():
-        with open_store(store) as opened:
-            path = opened.path
-            report = scan(opened, resolve_namespaces(opened, namespace), show_progress=True)
+    with cli_errors(), open_source(store, password_env, timeout_ms) as source:
+        where = source.where()
+        report = scan(source, resolve_namespaces(source, namespace), show_progress=True)
         report.num_remaining = len(report.bad)
         if repair_bad and report.bad:
-            with open_store(store, writable=True) as writable:
+            with source.for_writing() as writable:
                 report.num_repaired, report.num_remaining = repair(writable, report.bad)
     if as_json:
-        emit_json(report.to_json(path, repair=repair_bad))
+        emit_json(report.to_json(where, repair=repair_bad))
     else:
         _print_report(report, repair=repair_bad)
     if report.num_remaining:
         hint = "" if repair_bad else "; run with --repair to delete them"
+        location = where.get("path") or where.get("url")
         err_console().print(
-            f"[red]error:[/red] {report.num_remaining} corrupt chunks remain in {path}{hint}"
+            f"[red]error:[/red] {report.num_remaining} corrupt chunks remain in {location}{hint}"
         )
         raise typer.Exit(EXIT_FAILURE)
