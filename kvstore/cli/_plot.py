@@ -18,14 +18,16 @@ def _series_key(result: SimulationResult, vary_cpu: bool, chunk_bytes: int) -> s
         other = f"disk {format_bytes(disk)}" if disk else "no disk tier"
     else:
         other = f"cpu {format_bytes(result.num_cpu_rows * chunk_bytes)}"
-    return f"{result.policy}, {other}"
+    remote = result.remote_capacity_bytes
+    return f"{result.policy}, {other}" + (f", remote {format_bytes(remote)}" if remote else "")
 
 
 def plot_sweep(
     results: Sequence[SimulationResult], path: Path, *, chunk_bytes: int, title: str
 ) -> None:
-    """Hit ratio (CPU + disk, and CPU alone dashed) against the size that varies; one line per
-    policy and size of the other tier. The x axis is the CPU size unless only disk sizes vary."""
+    """Hit ratio (every offload tier, and CPU alone dashed) against the size that varies; one
+    line per policy and size of the other tiers. The x axis is the CPU size unless only disk
+    sizes vary."""
     try:
         import matplotlib
 

@@ -1,19 +1,24 @@
 """`kvstore simulate TRACE`: capacity planning by replaying a prompt trace through the real index.
 
-Each prompt goes through `kvstore.simulate.simulate` (the real `TierIndex`, driven the way the
-connector drives it). One run prints the hits per tier; `--sweep` tries every combination of the
-comma-separated `--cpu-bytes`/`--disk-bytes` sizes and repeated `--policy`, and `--plot` draws hit
-ratio against size. `--make-trace OUT` writes a sample multi-turn chat trace to try it on.
+Each prompt goes through `kvstore.simulate.simulate_replicas` (the real `TierIndex`, driven the way
+the connector drives it). One run prints the hits per tier; `--replicas N` spreads the prompts
+over N engines (`--routing`), each with its own CPU and disk tiers, sharing one remote tier of
+`--remote-bytes` (Redis with allkeys-lru), and adds a row per replica. `--sweep` tries every
+combination of the comma-separated `--cpu-bytes`/`--disk-bytes`/`--remote-bytes` sizes and
+repeated `--policy`, and `--plot` draws hit ratio against size. `--make-trace OUT` writes a
+sample multi-turn chat trace to try it on.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from kvstore.cli._common import (
     UsageError,
@@ -27,9 +32,15 @@ from kvstore.cli._describe import new_table
 from kvstore.cli._plot import plot_sweep
 from kvstore.cli._trace import ChatTraceSpec, make_chat_trace, write_trace
 from kvstore.cli.app import app
-from kvstore.simulate import SimulationResult, TraceFormatError, load_trace, simulate
+from kvstore.simulate import (
+    ReplicaSimulation,
+    SimulationResult,
+    TraceFormatError,
+    load_trace,
+    simulate_replicas,
+)
 
-__all__ = ["Policy", "SimulationPlan", "simulate_command"]
+__all__ = ["Policy", "Routing", "SimulationPlan", "simulate_command"]
 
 # KV bytes per token of Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 dims x (K, V) x 2 B.
 DEFAULT_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
@@ -40,11 +51,23 @@ class Policy(StrEnum):
     ARC = "arc"
 
 
+class Routing(StrEnum):
+    """How the router spreads prompts over replicas (see `kvstore.simulate.ROUTINGS`)."""
+
+    ROUND_ROBIN = "round-robin"
+    RANDOM = "random"
+
+
 class SimulationPlan:
     """Validated sizes of a run or a sweep."""
 
     def __init__(
-        self, cpu_bytes: str, disk_bytes: str, chunk_bytes: str | None, block_size: int
+        self,
+        cpu_bytes: str,
+        disk_bytes: str,
+        chunk_bytes: str | None,
+        block_size: int,
+        remote_bytes: str = "0",
     ) -> None:
         self.block_size = block_size
         self.chunk_bytes = (
@@ -56,22 +79,28 @@ class SimulationPlan:
             raise UsageError(f"--chunk-bytes must be at least 1 byte, got {chunk_bytes!r}")
         self.cpu_sizes = _size_list("--cpu-bytes", cpu_bytes)
         self.disk_sizes = _size_list("--disk-bytes", disk_bytes)
+        self.remote_sizes = _size_list("--remote-bytes", remote_bytes)
         for size in self.cpu_sizes:
             if size < self.chunk_bytes:
                 raise UsageError(
                     f"--cpu-bytes {format_bytes(size)} holds no chunk of "
                     f"{format_bytes(self.chunk_bytes)} (--chunk-bytes); give more"
                 )
-        for size in self.disk_sizes:
-            if 0 < size < self.chunk_bytes:
-                raise UsageError(
-                    f"--disk-bytes {format_bytes(size)} must be 0 (no disk tier) or hold at least "
-                    f"one chunk of {format_bytes(self.chunk_bytes)}"
-                )
+        for option, sizes in (
+            ("--disk-bytes", self.disk_sizes),
+            ("--remote-bytes", self.remote_sizes),
+        ):
+            for size in sizes:
+                if 0 < size < self.chunk_bytes:
+                    tier = option.removeprefix("--").removesuffix("-bytes")
+                    raise UsageError(
+                        f"{option} {format_bytes(size)} must be 0 (no {tier} tier) or hold at "
+                        f"least one chunk of {format_bytes(self.chunk_bytes)}"
+                    )
 
     @property
     def num_runs(self) -> int:
-        return len(self.cpu_sizes) * len(self.disk_sizes)
+        return len(self.cpu_sizes) * len(self.disk_sizes) * len(self.remote_sizes)
 
 
 def _size_list(option: str, text: str) -> list[int]:
@@ -81,30 +110,52 @@ def _size_list(option: str, text: str) -> list[int]:
     return sizes
 
 
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The replicas a run models and how prompts reach them."""
+
+    num_replicas: int = 1
+    routing: Routing = Routing.ROUND_ROBIN
+    seed: int = 0
+    engine_chunks: int = 0
+
+
 def _run_all(
-    prompts: list[list[int]], plan: SimulationPlan, policies: list[Policy], engine_chunks: int
-) -> list[SimulationResult]:
-    """`simulate` for every policy x CPU size x disk size, with a progress line on stderr."""
-    results: list[SimulationResult] = []
-    err = err_console()
-    total = len(policies) * plan.num_runs
-    with err.status("simulating") as status:
-        for policy in policies:
-            for cpu in plan.cpu_sizes:
-                for disk in plan.disk_sizes:
-                    status.update(f"simulating {len(results) + 1}/{total}")
-                    results.append(
-                        simulate(
-                            prompts,
-                            num_tokens_per_chunk=plan.block_size,
-                            cpu_rows=cpu // plan.chunk_bytes,
-                            disk_bytes=disk,
-                            chunk_bytes=plan.chunk_bytes,
-                            policy=policy.value,
-                            engine_chunks=engine_chunks,
-                        )
-                    )
+    prompts: list[list[int]], plan: SimulationPlan, policies: list[Policy], fleet: Fleet
+) -> list[ReplicaSimulation]:
+    """`simulate_replicas` for every policy x CPU x disk x remote size, with a progress line on
+    stderr."""
+    runs = [
+        (policy, cpu, disk, remote)
+        for policy in policies
+        for cpu in plan.cpu_sizes
+        for disk in plan.disk_sizes
+        for remote in plan.remote_sizes
+    ]
+    results: list[ReplicaSimulation] = []
+    with err_console().status("simulating") as status:
+        for policy, cpu, disk, remote in runs:
+            status.update(f"simulating {len(results) + 1}/{len(runs)}")
+            results.append(
+                simulate_replicas(
+                    prompts,
+                    num_replicas=fleet.num_replicas,
+                    remote_bytes=remote,
+                    num_tokens_per_chunk=plan.block_size,
+                    cpu_rows=cpu // plan.chunk_bytes,
+                    disk_bytes=disk,
+                    chunk_bytes=plan.chunk_bytes,
+                    policy=policy.value,
+                    engine_chunks=fleet.engine_chunks,
+                    routing=fleet.routing.value,
+                    seed=fleet.seed,
+                )
+            )
     return results
+
+
+def _ratio(part: int, whole: int) -> float:
+    return round(part / whole, 6) if whole else 0.0
 
 
 def result_json(result: SimulationResult, chunk_bytes: int) -> dict[str, Any]:
@@ -114,16 +165,44 @@ def result_json(result: SimulationResult, chunk_bytes: int) -> dict[str, Any]:
     row.update(
         cpu_bytes=result.num_cpu_rows * chunk_bytes,
         disk_bytes=result.disk_capacity_bytes,
+        remote_bytes=result.remote_capacity_bytes,
         chunk_bytes=chunk_bytes,
         num_hit_tokens=result.num_hit_tokens,
-        cpu_hit_ratio=round(result.num_cpu_hit_chunks / num_asked, 6) if num_asked else 0.0,
-        disk_hit_ratio=round(result.num_disk_hit_chunks / num_asked, 6) if num_asked else 0.0,
+        cpu_hit_ratio=_ratio(result.num_cpu_hit_chunks, num_asked),
+        disk_hit_ratio=_ratio(result.num_disk_hit_chunks, num_asked),
+        remote_hit_ratio=_ratio(result.num_remote_hit_chunks, num_asked),
     )
     return row
 
 
+def simulation_json(simulation: ReplicaSimulation, chunk_bytes: int) -> dict[str, Any]:
+    """Every replica together (`result_json`), the fleet, and one row per replica."""
+    return {
+        **result_json(simulation.overall, chunk_bytes),
+        "num_replicas": len(simulation.replicas),
+        "routing": simulation.routing,
+        "per_replica": [
+            {"replica": i, **result_json(result, chunk_bytes)}
+            for i, result in enumerate(simulation.replicas)
+        ],
+    }
+
+
 def _percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _title(row: dict[str, Any]) -> str:
+    title = (
+        f"{row['policy']}: cpu {format_bytes(row['cpu_bytes'])} ({row['num_cpu_rows']:,} rows), "
+        f"disk {format_bytes(row['disk_bytes'])}"
+    )
+    if row["remote_bytes"]:
+        title += f", remote {format_bytes(row['remote_bytes'])}"
+    if row["num_replicas"] > 1:
+        each = "each" if not row["remote_bytes"] else "each, the remote shared"
+        title = f"{row['num_replicas']} replicas ({row['routing']}), {title} ({each})"
+    return f"{title}, chunk {format_bytes(row['chunk_bytes'])}"
 
 
 def _print_single(row: dict[str, Any]) -> None:
@@ -131,38 +210,69 @@ def _print_single(row: dict[str, Any]) -> None:
     num_tokens = row["num_tokens_per_chunk"]
     numeric = ("chunks", "tokens", "of prompt chunks")
     table = new_table("served by", "chunks", "tokens", "of prompt chunks", numeric=numeric)
-    for label, chunks in (
+    served = [
         ("engine prefix cache", row["num_engine_hit_chunks"]),
         ("kvstore cpu", row["num_cpu_hit_chunks"]),
         ("kvstore disk", row["num_disk_hit_chunks"]),
+        *([("kvstore remote", row["num_remote_hit_chunks"])] if row["remote_bytes"] else []),
         ("computed (miss)", row["num_miss_chunks"]),
-    ):
+    ]
+    for label, chunks in served:
         table.add_row(
             label, f"{chunks:,}", f"{chunks * num_tokens:,}", _percent(chunks, row["num_chunks"])
         )
-    table.title = (
-        f"{row['policy']}: cpu {format_bytes(row['cpu_bytes'])} ({row['num_cpu_rows']:,} rows), "
-        f"disk {format_bytes(row['disk_bytes'])}, chunk {format_bytes(row['chunk_bytes'])}"
-    )
+    table.title = _title(row)
     console.print(table)
+    remote = f", remote {100 * row['remote_hit_ratio']:.1f}%" if row["remote_bytes"] else ""
     console.print(
         f"{row['num_requests']:,} requests, {row['num_prompt_tokens']:,} prompt tokens; "
         f"offload hit ratio {100 * row['hit_ratio']:.1f}% "
-        f"(cpu {100 * row['cpu_hit_ratio']:.1f}%, disk {100 * row['disk_hit_ratio']:.1f}%)"
+        f"(cpu {100 * row['cpu_hit_ratio']:.1f}%, disk {100 * row['disk_hit_ratio']:.1f}%"
+        f"{remote})"
     )
+    if row["num_replicas"] > 1:
+        console.print(_replica_table(row["per_replica"]))
+
+
+def _replica_table(rows: list[dict[str, Any]]) -> Table:
+    columns = ("replica", "requests", "cpu hits", "disk hits", "remote hits", "computed")
+    table = new_table(*columns, "hit ratio", numeric=(*columns, "hit ratio"), title="per replica")
+    for row in rows:
+        table.add_row(
+            str(row["replica"]),
+            f"{row['num_requests']:,}",
+            *(
+                f"{row[name]:,}"
+                for name in (
+                    "num_cpu_hit_chunks",
+                    "num_disk_hit_chunks",
+                    "num_remote_hit_chunks",
+                    "num_miss_chunks",
+                )
+            ),
+            f"{100 * row['hit_ratio']:.1f}%",
+        )
+    return table
 
 
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
-    columns = ("policy", "cpu", "disk", "cpu hits", "disk hits", "hit tokens", "hit ratio")
-    table = new_table(*columns, numeric=columns[1:], title="simulated hit rates")
+    """One row per run. With a remote tier, headers take two lines and the hit tokens (in the
+    JSON) make room for its size and hits; sizes wrap rather than get cut in a narrow pipe."""
+    has_remote = any(row["remote_bytes"] for row in rows)
+    tiers = ("cpu", "disk", "remote") if has_remote else ("cpu", "disk")
+    sep = "\n" if has_remote else " "
+    tokens = () if has_remote else ("hit tokens",)
+    columns = ("policy", *tiers, *(f"{tier}{sep}hits" for tier in tiers), *tokens, f"hit{sep}ratio")
+    title = "simulated hit rates"
+    if rows and rows[0]["num_replicas"] > 1:
+        title += f" of {rows[0]['num_replicas']} replicas ({rows[0]['routing']})"
+    table = new_table(*columns, numeric=columns[1:], wrap=tiers, title=title)
     for row in rows:
         table.add_row(
             row["policy"],
-            format_bytes(row["cpu_bytes"]),
-            format_bytes(row["disk_bytes"]),
-            f"{row['num_cpu_hit_chunks']:,}",
-            f"{row['num_disk_hit_chunks']:,}",
-            f"{row['num_hit_tokens']:,}",
+            *(format_bytes(row[f"{tier}_bytes"]) for tier in tiers),
+            *(f"{row[f'num_{tier}_hit_chunks']:,}" for tier in tiers),
+            *(() if has_remote else (f"{row['num_hit_tokens']:,}",)),
             f"{100 * row['hit_ratio']:.1f}%",
         )
     Console(highlight=False).print(table)
@@ -218,6 +328,19 @@ def simulate_command(
     disk_bytes: Annotated[
         str, typer.Option(help="Disk tier size, 0 = none (comma-separated with --sweep).")
     ] = "0",
+    replicas: Annotated[
+        int, typer.Option(min=1, help="Engines, each with its own cpu and disk tiers.")
+    ] = 1,
+    remote_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Remote tier (Redis, allkeys-lru) all replicas share, 0 = none "
+            "(comma-separated with --sweep)."
+        ),
+    ] = "0",
+    routing: Annotated[
+        Routing, typer.Option(help="How prompts reach replicas (random uses --seed).")
+    ] = Routing.ROUND_ROBIN,
     policy: Annotated[
         list[Policy] | None, typer.Option(help="Eviction policy, both tiers (repeat to sweep).")
     ] = None,
@@ -236,7 +359,9 @@ def simulate_command(
     ] = None,
     conversations: Annotated[int, typer.Option(min=1, help="--make-trace: conversations.")] = 8,
     turns: Annotated[int, typer.Option(min=1, help="--make-trace: turns each.")] = 6,
-    seed: Annotated[int, typer.Option(help="--make-trace: random seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Random seed of --make-trace and of --routing random.")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Replay a prompt trace through the real tier index and print hit rates per tier."""
@@ -248,13 +373,15 @@ def simulate_command(
         if cpu_bytes is None:
             raise UsageError("--cpu-bytes is required, e.g. --cpu-bytes 4GiB")
         policies = list(dict.fromkeys(policy or [Policy.LRU]))
-        plan = SimulationPlan(cpu_bytes, disk_bytes, chunk_bytes, block_size)
+        plan = SimulationPlan(cpu_bytes, disk_bytes, chunk_bytes, block_size, remote_bytes)
         _check_options(plan, policies, is_sweep=is_sweep, plot=plot)
         prompts = _load(trace)
-        results = _run_all(prompts, plan, policies, engine_chunks)
-        rows = [result_json(result, plan.chunk_bytes) for result in results]
+        fleet = Fleet(replicas, routing, seed, engine_chunks)
+        results = _run_all(prompts, plan, policies, fleet)
+        rows = [simulation_json(result, plan.chunk_bytes) for result in results]
         if plot is not None:
-            plot_sweep(results, plot, chunk_bytes=plan.chunk_bytes, title=str(trace))
+            overall = [result.overall for result in results]
+            plot_sweep(overall, plot, chunk_bytes=plan.chunk_bytes, title=str(trace))
             err_console().print(f"wrote {plot}")
     if as_json:
         emit_json({"trace_path": str(trace), "results": rows} if is_sweep else rows[0])
