@@ -58,7 +58,7 @@ class RedisAdmin:
             hint = "the server wants a password: name the variable holding it in --password-env"
         else:
             hint = f"the server refused the password in ${self._config.password_env}"
-        return RemoteAuthError(f"{self.display}: {hint} ({describe(exc)})")
+        return RemoteAuthError(f"{self.display}: {hint} ({type(exc).__name__})")
 
     def _failure(self, what: str, exc: BaseException) -> RemoteError:
         if isinstance(exc, rexc.AuthenticationError | rexc.AuthenticationWrongNumberOfArgsError):

@@ -193,16 +193,18 @@ def _percent(part: int, whole: int) -> str:
 
 
 def _title(row: dict[str, Any]) -> str:
-    title = (
-        f"{row['policy']}: cpu {format_bytes(row['cpu_bytes'])} ({row['num_cpu_rows']:,} rows), "
+    """E.g. `lru: 4 replicas (random) of cpu 64.0 MiB (16 rows), disk 0 B each, remote 1.0 GiB
+    shared, chunk 4.0 MiB`."""
+    tiers = (
+        f"cpu {format_bytes(row['cpu_bytes'])} ({row['num_cpu_rows']:,} rows), "
         f"disk {format_bytes(row['disk_bytes'])}"
     )
+    is_fleet = row["num_replicas"] > 1
+    if is_fleet:
+        tiers = f"{row['num_replicas']} replicas ({row['routing']}) of {tiers} each"
     if row["remote_bytes"]:
-        title += f", remote {format_bytes(row['remote_bytes'])}"
-    if row["num_replicas"] > 1:
-        each = "each" if not row["remote_bytes"] else "each, the remote shared"
-        title = f"{row['num_replicas']} replicas ({row['routing']}), {title} ({each})"
-    return f"{title}, chunk {format_bytes(row['chunk_bytes'])}"
+        tiers += f", remote {format_bytes(row['remote_bytes'])}" + (" shared" if is_fleet else "")
+    return f"{row['policy']}: {tiers}, chunk {format_bytes(row['chunk_bytes'])}"
 
 
 def _print_single(row: dict[str, Any]) -> None:
