@@ -259,3 +259,14 @@ def test_stat_and_ls_leave_the_eviction_order_alone(tmp_path: Path) -> None:
         assert run_json("ls", srv.url, "--verify")["num_chunks"] == remote.num_chunks()
         after = _frequencies(srv, remote)
         assert all(after[key] > before[key] for key in before)
+
+
+def test_a_server_on_a_unix_socket(tmp_path: Path) -> None:
+    socket = tmp_path / "redis.sock"
+    args = ["--unixsocket", str(socket), "--unixsocketperm", "700"]
+    with redis_server(extra_args=args) as srv:
+        remote = fill_remote(srv, build_store(tmp_path / "store"))
+        url = f"unix://{socket}"
+        doc = run_json("stat", url)
+        assert (doc["url"], doc["num_entries"]) == (f"{url}?db=0", remote.num_chunks())
+        assert run_json("verify", url)["num_ok"] == remote.num_chunks()
