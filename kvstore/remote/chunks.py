@@ -63,6 +63,14 @@ class RemoteChunks:
         codec.namespace_pattern(self.namespace_id)  # validates the id
         self._clock = clock
         self._descriptor_due = 0.0
+        self._descriptor_extra: dict[str, object] = {}
+
+    def add_to_descriptor(self, **extra: object) -> None:
+        """Fields stored with the descriptor beside the namespace's own (the engine's chunk
+        layout, so `kvstore show` can decode chunks). Takes effect at the next descriptor write,
+        which the engine's first write-through does (the layout arrives before any store)."""
+        self._descriptor_extra.update(extra)
+        self._descriptor_due = 0.0
 
     def redis_key(self, key: BlockKey) -> bytes:
         return codec.chunk_key(self.namespace_id, key)
@@ -174,7 +182,9 @@ class RemoteChunks:
     async def _assert_descriptor(self) -> None:
         if self.descriptor is None or self._clock() < self._descriptor_due:
             return
-        document = json.dumps(self.descriptor.to_dict(), sort_keys=True).encode()
+        document = json.dumps(
+            {**self.descriptor.to_dict(), **self._descriptor_extra}, sort_keys=True
+        ).encode()
         try:
             await self.store.put_descriptor(self.namespace_id, document)
         except RemoteUnavailableError as exc:  # try again with the next batch

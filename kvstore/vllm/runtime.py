@@ -267,9 +267,13 @@ class SchedulerRuntime:
     def register_layout(self, layout: dict[str, Any]) -> None:
         """Record the worker's chunk layout with the namespace, so the CLI can decode chunks."""
         store, service = self.store, self.service
-        if self._is_layout_registered or store is None or service is None:
+        if self._is_layout_registered or service is None:
             return
         self._is_layout_registered = True
+        if service.remote is not None:
+            service.remote.chunks.add_to_descriptor(chunk_layout=layout)
+        if store is None:
+            return
         descriptor = self.descriptor.to_dict()
         descriptor["chunk_layout"] = layout
         namespace = self.namespace

@@ -6,6 +6,7 @@ dead, wrong or damaged Redis never stops or corrupts serving.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,11 @@ def test_a_second_engine_gets_remote_hits(tiny_model_dir: Path) -> None:
     with redis_server() as server:
         first = run_engine_process(_spec(tiny_model_dir, remote_url=server.url))
         assert _tiers(first)["remote"]["stored_chunks"] == 6
+        client = server.client()
+        (descriptor_key,) = client.scan_iter(match=b"kvstore:*:descriptor")
+        descriptor = json.loads(client.get(descriptor_key))
+        client.close()
+        assert descriptor["chunk_layout"]["layers"]  # the CLI can decode remote chunks
         second = run_engine_process(_spec(tiny_model_dir, remote_url=server.url))
     assert _tiers(second)["remote"]["hit_tokens"] == HIT_TOKENS, second["summary"]
     assert second["num_cached_tokens"] == [HIT_TOKENS]
