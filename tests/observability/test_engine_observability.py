@@ -123,15 +123,15 @@ def test_zmq_stream_matches_the_index(tiny_model_dir: Path, tmp_path: Path) -> N
 def test_every_dashboard_query_has_data_from_a_real_engine(
     tiny_model_dir: Path, tmp_path: Path, prometheus_binary: Path
 ) -> None:
-    port = free_port()
     config = kv_transfer_config(
         cpu_bytes=12 * CHUNK_BYTES,
         disk_path=str(tmp_path / "store"),
         disk_bytes=64 * CHUNK_BYTES,
-        metrics_port=port,
+        metrics_port=0,  # any free port, read back below (no race with other processes)
     )
     stop = threading.Event()
     with engine(tiny_model_dir, kv_transfer=config) as llm:
+        target = scheduler_connector(llm).runtime.metrics_server.target
 
         def traffic() -> None:
             i = 0
@@ -144,7 +144,7 @@ def test_every_dashboard_query_has_data_from_a_real_engine(
         thread = threading.Thread(target=traffic, daemon=True)
         thread.start()
         try:
-            with run_prometheus([f"127.0.0.1:{port}"], binary=prometheus_binary) as prom:
+            with run_prometheus([target], binary=prometheus_binary) as prom:
                 prom.wait_for_scrapes(6, timeout_s=90)
                 checks = evaluate_dashboard(prom)
                 hit_cpu = prom.query('sum(kvstore_hit_tokens_total{tier="cpu"})')
