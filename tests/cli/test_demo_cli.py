@@ -74,7 +74,7 @@ def _demo(tmp_path: Path, *args: str, fail: bool = False) -> subprocess.Complete
     return subprocess.run(
         [sys.executable, str(script), "demo", "--dir", str(tmp_path / "demo"),
          "--turns", "2", "--conversations", "2", "--no-baseline", *args],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True, text=True, timeout=600, env=env, check=False,
     )  # fmt: skip
 
 
