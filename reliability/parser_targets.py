@@ -1,7 +1,8 @@
 """Fuzz targets over everything kvstore parses that is not an LMDB record: the chunk layout and
 namespace descriptors, the KV-events wire format as `kvstore watch` reads it, the JSONL trace
-`kvstore simulate` reads, and the two config parsers (`kv_connector_extra_config` and the
-`LMDBTier` options, the latter only where vLLM imports).
+`kvstore simulate` reads, the remote tier's value header (what a Redis server hands back), and
+the two config parsers (`kv_connector_extra_config` and the `LMDBTier` options, the latter only
+where vLLM imports).
 
 Strategies mix near-valid inputs (a real record with one field replaced by anything) with
 arbitrary ones, since a parser's interesting failures sit just off its happy path.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import struct
 import tempfile
 from dataclasses import fields
 from pathlib import Path
@@ -26,8 +28,10 @@ from kvstore.config import KVStoreConfig
 from kvstore.errors import ConfigError, RecordError
 from kvstore.eventbus.wire import decode_batch
 from kvstore.namespace import NamespaceDescriptor, namespace_id
+from kvstore.remote import codec
+from kvstore.remote.errors import RemoteFormatError, RemoteValueError
 from kvstore.simulate import TraceFormatError, load_trace
-from reliability.checks import Crash
+from reliability.checks import Crash, WrongData
 from reliability.fuzz import FuzzTarget
 from reliability.store_targets import msgpack_values
 from tiers.errors import TierConfigError
@@ -176,6 +180,57 @@ def _exercise_trace(lines: list[bytes]) -> None:
         load_trace(Path(trace.name))
 
 
+# -- remote value header (`kvstore.remote.codec`) -------------------------------------------------
+
+_REMOTE_NS, _REMOTE_KEY = "00c0ffee00c0ffee", bytes(range(32))
+_HEADER_FIELDS = [(4, "H"), (6, "H"), (8, "8s"), (16, "Q"), (24, "Q"), (32, "Q")]
+
+
+@st.composite
+def _remote_values(draw: st.DrawFn) -> tuple[bytes, bytes | None]:
+    """A value as a server might return it, and the payload it was made from (None when the
+    value was not made by `encode` at all)."""
+    payload = draw(st.binary(max_size=300))
+    value = bytearray(codec.encode(_REMOTE_NS, _REMOTE_KEY, payload))
+    kind = draw(st.sampled_from(["flip", "cut", "extend", "field", "random", "magic"]))
+    if kind == "flip":
+        for _ in range(draw(st.integers(1, 4))):
+            value[draw(st.integers(0, len(value) - 1))] ^= 1 << draw(st.integers(0, 7))
+    elif kind == "cut":
+        del value[draw(st.integers(0, len(value))) :]
+    elif kind == "extend":
+        value += draw(st.binary(min_size=1, max_size=64))
+    elif kind == "field":
+        offset, fmt = draw(st.sampled_from(_HEADER_FIELDS))
+        size = struct.calcsize("<" + fmt)
+        value[offset : offset + size] = draw(st.binary(min_size=size, max_size=size))
+    elif kind == "random":
+        return draw(st.binary(max_size=120)), None
+    else:
+        return codec.MAGIC + draw(st.binary(max_size=120)), None
+    return bytes(value), payload
+
+
+def _exercise_remote_value(case: tuple[bytes, bytes | None]) -> None:
+    """Read the header, decode, decode into a buffer: a RemoteValueError, or the very payload
+    that was encoded; and a value that decodes is refused under another namespace or key."""
+    value, payload = case
+    codec.read_header(value)
+    got = bytes(codec.decode(_REMOTE_NS, _REMOTE_KEY, value))
+    if payload is not None and got != payload:
+        raise WrongData(f"decode returned {len(got)} bytes other than the {len(payload)} encoded")
+    out = bytearray(len(got))
+    codec.decode_into(_REMOTE_NS, _REMOTE_KEY, value, memoryview(out))
+    if bytes(out) != got:
+        raise WrongData("decode_into wrote other bytes than decode returned")
+    for namespace, key in (("00c0ffee00c0fffe", _REMOTE_KEY), (_REMOTE_NS, _REMOTE_KEY[::-1])):
+        try:
+            codec.decode(namespace, key, value)
+        except RemoteFormatError:
+            continue
+        raise WrongData(f"a value of {_REMOTE_NS} decoded under {namespace}/{key.hex()[:8]}")
+
+
 # -- config ---------------------------------------------------------------------------------------
 
 _CONFIG_KEYS = [f.name for f in fields(KVStoreConfig)]
@@ -251,6 +306,13 @@ PARSER_TARGETS: tuple[FuzzTarget, ...] = (
         st.lists(_lines, max_size=4),
         _exercise_trace,
         (TraceFormatError,),
+    ),
+    FuzzTarget(
+        "remote value header",
+        "`kvstore.remote.codec.read_header`, `decode`, `decode_into` on what Redis returns",
+        _remote_values(),
+        _exercise_remote_value,
+        (RemoteValueError,),
     ),
     FuzzTarget(
         "config: kv_connector_extra_config",

@@ -95,3 +95,20 @@ def test_the_template_holds_the_same_keys_in_both_namespaces() -> None:
             assert txn.get(struct.pack(">I", 2) + KEYS[0], db=meta) is not None
     finally:
         env.close()
+
+
+def test_the_remote_value_target_catches_a_header_read_past_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The oracle can fail: a `read_header` without its length check raises struct.error on a
+    short value, and the target calls that a crash."""
+    from kvstore.remote import codec
+
+    target = next(t for t in PARSER_TARGETS if t.name == "remote value header")
+
+    def unchecked(value: bytes) -> object:
+        return codec.HEADER.unpack_from(memoryview(value).cast("B"))
+
+    monkeypatch.setattr(codec, "read_header", unchecked)
+    with pytest.raises(Crash, match=r"struct\.error|error"):
+        check(target, (codec.MAGIC + b"\x01\x00", None))
