@@ -97,7 +97,8 @@ def render(rows: Sequence[Row], *, command: str, seed: int) -> str:
         f"{passed} of {len(rows)} scenarios passed.",
         "",
         "Each scenario breaks kvstore on purpose, repeatedly, and counts what happened. "
-        "`n/a`: the scenario runs no engine, so it serves no requests or tokens.",
+        "`n/a`: the figure does not apply (the scenario runs no engine, or removes chunks on "
+        "purpose).",
         "",
         *_table(rows),
         "",
