@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   - the main job: the real vLLM CPU engine with KVStoreConnector on a multi-turn workload
-#   make test   - lint, type-check and the whole test suite
+#   make test   - lint, type-check, the whole test suite and a smoke of every reliability scenario
 #   make reliability - break the store on purpose (issue 13); writes RELIABILITY.md
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvstore-installed
 
-.PHONY: install prometheus redis test lint unit demo bench clean
+.PHONY: install prometheus redis test lint unit demo bench reliability reliability-smoke clean
 
 install: $(STAMP)
 
@@ -27,7 +27,7 @@ lint: $(STAMP)
 
 # The dashboard tests scrape a real Prometheus (Debian's package; installed when root).
 prometheus: $(STAMP)
-	@$(PY) -c "from kvstore.testing.prometheus import ensure_prometheus as e; print('prometheus:', e())" \
+	@$(PY) -c "from tests.support.prometheus import ensure_prometheus as e; print('prometheus:', e())" \
 		|| echo "prometheus unavailable: the tests that need it will say so and skip"
 
 # The remote tier tests start their own redis-server processes (Debian's package; installed when
@@ -39,7 +39,7 @@ redis: $(STAMP)
 unit: $(STAMP) prometheus redis
 	$(VENV)/bin/pytest -q
 
-test: lint unit
+test: lint unit reliability-smoke
 
 demo: $(STAMP)
 	$(VENV)/bin/kvstore demo
@@ -47,8 +47,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/kvstore bench
 
-# Every scenario with full trial counts (each in its own process, under a time limit); the
-# figures go to RELIABILITY.md. The smoke runs each with tiny counts and writes .reliability/.
+# Every scenario with full trial counts (each in its own process, under a time limit; ~25 min on
+# 2 cores); the figures go to RELIABILITY.md. The smoke runs each with tiny counts (~3-4 min)
+# and writes .reliability/; `make test` runs it.
 reliability: $(STAMP)
 	$(PY) -m reliability
 

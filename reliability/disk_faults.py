@@ -227,33 +227,7 @@ def read_only_mid_run(seed: int) -> TrialResult:
         if os.geteuid() == 0:
             os.setgid(_NOBODY)
             os.setuid(_NOBODY)
-        result = TrialResult()
-        seeds = {seed * 1000 + i: 2048 + i for i in range(20)}
-        with LMDBStore.open(path, capacity_bytes=1 << 24, map_size_bytes=1 << 25) as store:
-            store.register_namespace(NAMESPACE, {"model": "ro"})
-            store.put_many(NAMESPACE, [(key_of(s), value_of(s, n)) for s, n in seeds.items()])
-            for file in (path / "data.mdb", path / "lock.mdb"):
-                file.chmod(0o400)
-            path.chmod(0o500)
-            late = seed * 1000 + 999
-            try:
-                store.put_many(NAMESPACE, [(key_of(late), value_of(late, 512))])
-                seeds[late] = 512
-            except TierError as exc:
-                result.num_refused += 1
-                _note_error(result, exc)
-        for readonly in (False, True):
-            try:
-                LMDBStore.open(path, capacity_bytes=1 << 24, readonly=readonly).close()
-                result.notes.append(f"reopening read-only={readonly} worked")
-            except TierError as exc:
-                result.num_refused += 1
-                _note_error(result, exc)
-        path.chmod(0o700)
-        for file in (path / "data.mdb", path / "lock.mdb"):
-            file.chmod(0o600)
-        result.num_acked = len(seeds)
-        return {**asdict(result), "notes": [*result.notes, f"acked={seeds}"]}
+        return _lock_while_writing(path, seed)
 
     try:
         result = _child(run)
@@ -263,3 +237,36 @@ def read_only_mid_run(seed: int) -> TrialResult:
         return result
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _lock_while_writing(path: Path, seed: int) -> dict[str, Any]:
+    """Write, make the store read-only, write again, then try to reopen it; restore modes."""
+    result = TrialResult()
+    seeds = {seed * 1000 + i: 2048 + i for i in range(20)}
+    with LMDBStore.open(path, capacity_bytes=1 << 24, map_size_bytes=1 << 25) as store:
+        store.register_namespace(NAMESPACE, {"model": "ro"})
+        store.put_many(NAMESPACE, [(key_of(s), value_of(s, n)) for s, n in seeds.items()])
+        _set_modes(path, dir_mode=0o500, file_mode=0o400)
+        late = seed * 1000 + 999
+        try:
+            store.put_many(NAMESPACE, [(key_of(late), value_of(late, 512))])
+            seeds[late] = 512
+        except TierError as exc:
+            result.num_refused += 1
+            _note_error(result, exc)
+    for readonly in (False, True):
+        try:
+            LMDBStore.open(path, capacity_bytes=1 << 24, readonly=readonly).close()
+            result.notes.append(f"reopening read-only={readonly} worked")
+        except TierError as exc:
+            result.num_refused += 1
+            _note_error(result, exc)
+    _set_modes(path, dir_mode=0o700, file_mode=0o600)
+    result.num_acked = len(seeds)
+    return {**asdict(result), "notes": [*result.notes, f"acked={seeds}"]}
+
+
+def _set_modes(path: Path, *, dir_mode: int, file_mode: int) -> None:
+    for file in (path / "data.mdb", path / "lock.mdb"):
+        file.chmod(file_mode)
+    path.chmod(dir_mode)

@@ -84,8 +84,8 @@ class _Host:
         }
 
     def summary(self, command: dict[str, Any]) -> dict[str, Any]:
-        from kvstore.testing.connector import drain, kvstore_summary
         from kvstore.vllm.engine import scheduler_connector
+        from tests.support.connector import drain, kvstore_summary
 
         if not self.has_kvstore:
             return {}

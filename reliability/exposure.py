@@ -121,7 +121,7 @@ def zmq_sink_listens_only_where_told() -> Check:
     """A non-wildcard events endpoint is connected to (vLLM's rule), never listened on; the
     replay socket listens only on the address given."""
     from kvstore.eventbus import ZMQPublisherSink
-    from kvstore.testing.net import free_port
+    from tests.support.net import free_port
 
     port = free_port()
 
@@ -141,8 +141,8 @@ def zmq_sink_listens_only_where_told() -> Check:
 
 
 def watch_connects_without_listening() -> Check:
-    from kvstore.testing.net import free_port
     from reliability.checks import run_cli
+    from tests.support.net import free_port
 
     port = free_port()
     seen: list[set[str]] = []

@@ -194,6 +194,13 @@ def slope_per_min(times_s: Sequence[float], values: Sequence[float]) -> float:
     return cov / var * 60.0
 
 
+_SAMPLED_GAUGES = (
+    "kvstore_tier_entries",
+    "kvstore_queue_depth",
+    "kvstore_cpu_used",
+    "kvstore_pipeline_inflight",
+)
+
 ROLES = {"VLLM::EngineCor": "engine core", "VLLM::Worker": "worker"}
 """The engine's processes by name (`comm`); the server's own process is the "api server"."""
 
@@ -261,7 +268,7 @@ class Target:
         except OSError:
             return
         for name, value in metrics.items():
-            if name.startswith(("kvstore_tier_entries", "kvstore_queue_depth", "kvstore_cpu_used")):
+            if name.startswith(_SAMPLED_GAUGES):
                 self.gauges.setdefault(name, []).append((t, value))
 
     def scrape_final(self, metrics_port: int) -> dict[str, float]:

@@ -334,7 +334,28 @@ _UNREADABLE = (
 def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: int) -> SharedEnv:
     data_fd = _checked_data_file(path, readonly=readonly)
     try:
-        env = lmdb.open(
+        env = _open_env(path, readonly=readonly, options=options, map_size_bytes=map_size_bytes)
+    except BaseException:
+        _close_fd(data_fd)
+        raise
+    try:
+        dbs = _open_dbs(env, path, readonly=readonly)
+        if data_fd < 0:  # a new store: LMDB just created the file
+            data_fd = os.open(path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
+        page_bytes = int(env.stat()["psize"])
+    except BaseException as exc:
+        env.close()
+        _close_fd(data_fd)
+        _raise_open_error(path, exc)
+        raise
+    return SharedEnv(path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes)
+
+
+def _open_env(
+    path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: int
+) -> lmdb.Environment:
+    try:
+        return lmdb.open(
             str(path),
             map_size=map_size_bytes,
             subdir=True,
@@ -350,36 +371,20 @@ def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: i
             map_async=options.map_async,
             readahead=options.readahead,
         )
-    except _UNREADABLE as exc:
-        _close_fd(data_fd)
-        raise StoreDamagedError(
-            f"store {path} cannot be read: {exc}; move it aside (the engine then starts a new "
-            "store)"
-        ) from exc
-    except lmdb.Error as exc:
-        _close_fd(data_fd)
-        raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
-    try:
-        dbs = _open_dbs(env, path, readonly=readonly)
-        if data_fd < 0:  # a new store: LMDB just created the file
-            data_fd = os.open(path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
-        page_bytes = int(env.stat()["psize"])
-    except _UNREADABLE as exc:
-        env.close()
-        _close_fd(data_fd)
-        raise StoreDamagedError(
-            f"store {path} cannot be read: {exc}; move it aside (the engine then starts a new "
-            "store)"
-        ) from exc
-    except (lmdb.Error, OSError) as exc:
-        env.close()
-        _close_fd(data_fd)
-        raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
-    except BaseException:
-        env.close()
-        _close_fd(data_fd)
+    except BaseException as exc:
+        _raise_open_error(path, exc)
         raise
-    return SharedEnv(path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes)
+
+
+def _raise_open_error(path: Path, exc: BaseException) -> None:
+    """Raise the store error for `exc` met while opening `path`; return for anything else."""
+    if isinstance(exc, _UNREADABLE):
+        raise StoreDamagedError(
+            f"store {path} cannot be read: {exc}; move it aside (the engine then starts a new "
+            "store)"
+        ) from exc
+    if isinstance(exc, (lmdb.Error, OSError)):
+        raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
 
 
 def _checked_data_file(path: Path, *, readonly: bool) -> int:

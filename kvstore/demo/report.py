@@ -18,7 +18,7 @@ from rich.table import Table
 from kvstore.oracle import Verdict
 
 if TYPE_CHECKING:
-    from kvstore.demo.runner import DemoResult
+    from kvstore.demo.runner import DemoResult, TurnStats
 
 __all__ = ["DemoFiles", "NextStep", "next_steps", "print_next_steps", "print_report", "report_data"]
 
@@ -60,32 +60,42 @@ def report_data(result: DemoResult, files: DemoFiles) -> dict[str, Any]:
         else round(result.baseline_elapsed_s, 3),
         "is_correct": result.is_correct,
         "oracle": "; ".join(checks),
-        "load_audit": None if result.audit is None else {
-            "verified": result.audit.verified,
-            "mismatched": result.audit.mismatched,
-            "unknown": result.audit.unknown,
-        },
-        "outputs": None if result.outputs is None else {
-            "tie_epsilon": result.outputs.tie_epsilon,
-            "equal": result.outputs.count(Verdict.EQUAL),
-            "cut_at_tie": result.outputs.count(Verdict.CUT_AT_TIE),
-            "diverged": result.outputs.count(Verdict.DIVERGED),
-        },
-        "turns": [
-            {
-                "turn": t.turn,
-                "prompt_tokens": t.prompt_tokens,
-                "engine_cache_tokens": t.engine_cache_tokens,
-                "cpu_tokens": t.cpu_tokens,
-                "disk_tokens": t.disk_tokens,
-                "computed_tokens": t.computed_tokens,
-            }
-            for t in result.turns
-        ],
+        "load_audit": _audit_data(result),
+        "outputs": _outputs_data(result),
+        "turns": [_turn_data(t) for t in result.turns],
         "summary": result.summary,
         "log_path": None if files.log_path is None else str(files.log_path),
         "picture_path": None if files.picture_path is None else str(files.picture_path),
     }  # fmt: skip
+
+
+def _audit_data(result: DemoResult) -> dict[str, int] | None:
+    if result.audit is None:
+        return None
+    audit = result.audit
+    return {"verified": audit.verified, "mismatched": audit.mismatched, "unknown": audit.unknown}
+
+
+def _outputs_data(result: DemoResult) -> dict[str, Any] | None:
+    if result.outputs is None:
+        return None
+    return {
+        "tie_epsilon": result.outputs.tie_epsilon,
+        "equal": result.outputs.count(Verdict.EQUAL),
+        "cut_at_tie": result.outputs.count(Verdict.CUT_AT_TIE),
+        "diverged": result.outputs.count(Verdict.DIVERGED),
+    }
+
+
+def _turn_data(turn: TurnStats) -> dict[str, int]:
+    return {
+        "turn": turn.turn,
+        "prompt_tokens": turn.prompt_tokens,
+        "engine_cache_tokens": turn.engine_cache_tokens,
+        "cpu_tokens": turn.cpu_tokens,
+        "disk_tokens": turn.disk_tokens,
+        "computed_tokens": turn.computed_tokens,
+    }
 
 
 def print_report(console: Console, data: dict[str, Any]) -> None:

@@ -109,8 +109,33 @@ def run_demo(
     workload = DemoWorkload(
         num_conversations=options.num_conversations, num_turns=options.num_turns
     )
-    engine_kwargs = _engine_kwargs(options)
     result = DemoResult(store_path=options.store_path, metrics_url=None)
+    on_progress("kvstore: the workload with KVStoreConnector (CPU region + LMDB store)")
+    batches, runs = _run_with_kvstore(
+        options, model, workload, result, on_progress, (on_turn, after_turn)
+    )
+    result.audit = AuditReport.from_counts(result.summary.get("load_audit", {}))
+    if options.compare_baseline:
+        on_progress("reference: the same prompts, in the same batches, without kvstore")
+        with engine(model, **_engine_kwargs(options)) as llm:
+            generate_runs(llm, [_WARMUP_PROMPT], max_tokens=1)
+            start_s = time.perf_counter()
+            reference, prefill = _replay_reference(llm, batches, workload.reply_tokens)
+            result.baseline_elapsed_s = time.perf_counter() - start_s
+        result.baseline_prefill_tokens = prefill
+        result.outputs = compare_greedy(reference, runs)
+    return result
+
+
+def _run_with_kvstore(
+    options: DemoOptions,
+    model: Path,
+    workload: DemoWorkload,
+    result: DemoResult,
+    on_progress: Callable[[str], None],
+    hooks: tuple[OnTurn | None, AfterTurn | None],
+) -> tuple[list[list[list[int]]], list[GreedyRun]]:
+    """Replay `workload` on an engine with kvstore; fill `result`'s kvstore figures."""
     config = kv_transfer_config(
         cpu_bytes=options.cpu_chunks * _chunk_bytes(),
         disk_path=str(options.store_path),
@@ -119,8 +144,7 @@ def run_demo(
         events_log=str(options.directory / "events.jsonl"),
         audit_loads=True,
     )
-    on_progress("kvstore: the workload with KVStoreConnector (CPU region + LMDB store)")
-    with engine(model, kv_transfer=config, **engine_kwargs) as llm:
+    with engine(model, kv_transfer=config, **_engine_kwargs(options)) as llm:
         generate_runs(llm, [_WARMUP_PROMPT], max_tokens=1)  # one-off costs of a first engine
         runtime = scheduler_connector(llm).runtime
         server = runtime.metrics_server if runtime is not None else None
@@ -128,21 +152,11 @@ def run_demo(
         if result.metrics_url:
             on_progress(f"metrics: {result.metrics_url}")
         start_s = time.perf_counter()
-        batches, runs = _replay_kvstore(llm, workload, result, on_turn, after_turn)
+        batches, runs = _replay_kvstore(llm, workload, result, *hooks)
         drain(llm)
         result.elapsed_s = time.perf_counter() - start_s
         result.summary = runtime.summary() if runtime is not None else {}
-    result.audit = AuditReport.from_counts(result.summary.get("load_audit", {}))
-    if options.compare_baseline:
-        on_progress("reference: the same prompts, in the same batches, without kvstore")
-        with engine(model, **engine_kwargs) as llm:
-            generate_runs(llm, [_WARMUP_PROMPT], max_tokens=1)
-            start_s = time.perf_counter()
-            reference, prefill = _replay_reference(llm, batches, workload.reply_tokens)
-            result.baseline_elapsed_s = time.perf_counter() - start_s
-        result.baseline_prefill_tokens = prefill
-        result.outputs = compare_greedy(reference, runs)
-    return result
+    return batches, runs
 
 
 def _engine_kwargs(options: DemoOptions) -> dict[str, Any]:

@@ -138,17 +138,36 @@ class EventBus:
         self._is_closed = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
-        errors: list[BaseException] = []
         self._stopping.set()  # (1)
         tasks = [w.task for w in self._workers if w.task is not None]
         if tasks:  # (2)
-            joins = [asyncio.create_task(w.queue.join()) for w in self._workers]
-            _, pending = await asyncio.wait(joins, timeout=max(0.0, deadline - loop.time()))
-            for join in pending:
-                join.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await self._join_queues(max(0.0, deadline - loop.time()))
+        errors = await self._cancel_drains(tasks, deadline_s)  # (3)
+        for worker in self._workers:  # (4)
+            timeout_s = max(deadline - loop.time(), _MIN_SINK_CLOSE_S)
+            try:
+                await asyncio.wait_for(worker.sink.close(), timeout_s)
+            except Exception as exc:
+                errors.append(exc)
+        for error in errors:
+            logger.warning("event bus close: %s", error)
+        return errors
+
+    async def _join_queues(self, timeout_s: float) -> None:
+        """Wait until every sink's queue is drained, or `timeout_s`."""
+        joins = [asyncio.create_task(w.queue.join()) for w in self._workers]
+        _, pending = await asyncio.wait(joins, timeout=timeout_s)
+        for join in pending:
+            join.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _cancel_drains(
+        self, tasks: list[asyncio.Task[None]], deadline_s: float
+    ) -> list[BaseException]:
+        """Cancel the drain tasks; count what each sink had left as dropped, one error each."""
+        errors: list[BaseException] = []
         dropped_before = [w.num_dropped_events for w in self._workers]
-        for task in tasks:  # (3)
+        for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for worker, before in zip(self._workers, dropped_before, strict=True):
@@ -161,14 +180,6 @@ class EventBus:
                         f"within the {deadline_s} s close deadline"
                     )
                 )
-        for worker in self._workers:  # (4)
-            timeout_s = max(deadline - loop.time(), _MIN_SINK_CLOSE_S)
-            try:
-                await asyncio.wait_for(worker.sink.close(), timeout_s)
-            except Exception as exc:
-                errors.append(exc)
-        for error in errors:
-            logger.warning("event bus close: %s", error)
         return errors
 
     # -- intake --------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ __all__ = [
     "Occupancy",
     "OccupancyCollector",
     "OccupancySource",
+    "PIPELINE_WHATS",
+    "PipelineCollector",
     "StoreCollector",
     "StoreSnapshot",
     "TransferCollector",
@@ -265,3 +267,40 @@ class StoreCollector(Collector):
 
 
 _NO_STORE = StoreSnapshot(0, 0, 0, 0, 0)
+
+
+PIPELINE_WHATS = ("cpu_pins", "disk_pins", "holds", "promoting", "jobs", "tracked_requests")
+"""The `what` label of `kvstore_pipeline_inflight`: what the pipeline holds right now."""
+
+
+class PipelineCollector(Collector):
+    """What the pipeline holds (pins, holds, promotions, jobs, tracked requests), read at scrape
+    time. Each returns to 0 when the engine is idle; a steady climb is a leak."""
+
+    def __init__(self) -> None:
+        self._source: Callable[[], dict[str, int]] | None = None
+
+    def set_source(self, source: Callable[[], dict[str, int]] | None) -> None:
+        self._source = source
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterable[Metric]:
+        source = self._source
+        values: dict[str, int] = {}
+        if source is not None:
+            try:
+                values = source()
+            except Exception:
+                logger.warning("pipeline source failed", exc_info=True)
+        return self._families(values)
+
+    @staticmethod
+    def _families(values: dict[str, int]) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            names.PIPELINE_INFLIGHT, "What the pipeline holds right now.", labels=["what"]
+        )
+        for what in PIPELINE_WHATS:
+            family.add_metric([what], values.get(what, 0))
+        yield family

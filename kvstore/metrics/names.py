@@ -31,6 +31,7 @@ __all__ = [
     "REMOVED_CHUNKS",
     "SERVE_METRIC_NAMES",
     "SINK_DROPPED_EVENTS",
+    "PIPELINE_INFLIGHT",
     "SINK_ERRORS",
     "SINK_WRITTEN_EVENTS",
     "STORED_CHUNKS",
@@ -79,6 +80,8 @@ QUEUE_DROPPED = "kvstore_queue_dropped_total"  # {queue, reason}
 SINK_WRITTEN_EVENTS = "kvstore_sink_written_events_total"  # {sink}
 SINK_DROPPED_EVENTS = "kvstore_sink_dropped_events_total"  # {sink, reason}
 SINK_ERRORS = "kvstore_sink_errors_total"  # {sink}
+# {what}: cpu_pins, disk_pins, holds, promoting, jobs, tracked_requests (a leak grows one of them)
+PIPELINE_INFLIGHT = "kvstore_pipeline_inflight"
 
 # The remote tier (Redis).
 REMOTE_ROUND_TRIP_SECONDS = "kvstore_remote_round_trip_seconds"  # histogram {op, result}
@@ -124,6 +127,7 @@ METRIC_NAMES: tuple[str, ...] = (
     SINK_WRITTEN_EVENTS,
     SINK_DROPPED_EVENTS,
     SINK_ERRORS,
+    PIPELINE_INFLIGHT,
     REMOTE_ROUND_TRIP_SECONDS,
     REMOTE_BREAKER_NODES,
     CHECKSUM_FAILURES,

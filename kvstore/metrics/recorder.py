@@ -20,6 +20,7 @@ from kvstore.metrics.collectors import (
     Occupancy,
     OccupancyCollector,
     OccupancySource,
+    PipelineCollector,
     StoreCollector,
     StoreSnapshot,
     TransferCollector,
@@ -118,6 +119,8 @@ class KVStoreMetrics:
         r.register(self._occupancy)
         self._store_source: Callable[[], StoreSnapshot | None] | None = None
         r.register(StoreCollector(self._read_store, include_occupancy=False))
+        self._pipeline = PipelineCollector()
+        r.register(self._pipeline)
 
     def _register_queues(self, r: CollectorRegistry) -> None:
         """Bounded queues and event sinks."""
@@ -224,6 +227,10 @@ class KVStoreMetrics:
         Only those two: the disk tier's occupancy comes from `set_occupancy[_source]`.
         """
         self._store_source = source
+
+    def set_pipeline_source(self, source: Callable[[], dict[str, int]] | None) -> None:
+        """Read what the pipeline holds at scrape time (`PIPELINE_WHATS`; missing ones are 0)."""
+        self._pipeline.set_source(source)
 
     def _read_store(self) -> StoreSnapshot | None:
         source = self._store_source

@@ -95,18 +95,7 @@ class TierService:
         self._writer = DaemonExecutor(1, "kvstore-lmdb-w")
         self._readers = DaemonExecutor(num_read_threads, "kvstore-lmdb-r")
         self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        self._remote: RemoteIO | None = None
-        if remote is not None:
-            if remote_rows is None:
-                raise ValueError("a remote tier needs remote_rows (the CPU region)")
-            self._remote = RemoteIO(
-                remote,
-                remote_rows,
-                self._loop_thread,
-                self._completions,
-                metrics=metrics,
-                max_queued_chunks=remote_queue_chunks,
-            )
+        self._remote = self._make_remote(remote, remote_rows, remote_queue_chunks)
         self._count_lock = threading.Lock()
         self._num_queued_chunks = 0
         self._num_inflight_promotions = 0
@@ -121,6 +110,22 @@ class TierService:
         self._idle: asyncio.Event  # set while no write-through is queued or being written
         self._touched: set[BlockKey] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _make_remote(
+        self, remote: RemoteChunks | None, rows: RowBuffers | None, max_queued_chunks: int
+    ) -> RemoteIO | None:
+        if remote is None:
+            return None
+        if rows is None:
+            raise ValueError("a remote tier needs remote_rows (the CPU region)")
+        return RemoteIO(
+            remote,
+            rows,
+            self._loop_thread,
+            self._completions,
+            metrics=self._metrics,
+            max_queued_chunks=max_queued_chunks,
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 

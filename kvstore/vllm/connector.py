@@ -109,6 +109,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             sync_load_budget_bytes=self._config.sync_load_budget_bytes,
             on_layout=runtime.register_layout,
         )
+        runtime.metrics.set_pipeline_source(self._scheduler.inflight)
         logger.info(
             "kvstore: %d-token chunks of %d bytes; CPU tier %d bytes, disk tier %s; namespace %s",
             geo.num_tokens_per_chunk, geo.row_bytes, self._config.cpu_bytes,

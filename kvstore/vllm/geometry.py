@@ -81,20 +81,10 @@ class EngineGeometry:
             raise ConfigError("KVStoreConnector supports pipeline_parallel_size == 1 only")
         spec = groups[0].kv_cache_spec
         engine_block_size = int(spec.block_size)
-        block_size = config.block_size or engine_block_size
-        if block_size % engine_block_size != 0:
-            raise ConfigError(
-                f"block_size: {block_size} tokens per chunk is not a multiple of the engine's "
-                f"block size ({engine_block_size})"
-            )
         hash_block_size = int(
             getattr(kv_cache_config, "hash_block_size", None) or vllm_config.cache_config.block_size
         )
-        if block_size % hash_block_size != 0:
-            raise ConfigError(
-                f"block_size: {block_size} is not a multiple of the prefix-hash block size "
-                f"({hash_block_size})"
-            )
+        block_size = _chunk_tokens(config.block_size, engine_block_size, hash_block_size)
         page_bytes = int(getattr(spec, "unpadded_page_size_bytes", None) or spec.page_size_bytes)
         layer_names = tuple(groups[0].layer_names)
         cache_config = vllm_config.cache_config
@@ -141,6 +131,22 @@ class EngineGeometry:
             "layers": list(self.layer_names),
             "layer_block_bytes": list(self.layer_block_bytes),
         }
+
+
+def _chunk_tokens(configured: int | None, engine_block_size: int, hash_block_size: int) -> int:
+    """Tokens per chunk: `block_size` from the config (default: the engine's), checked."""
+    block_size = configured or engine_block_size
+    if block_size % engine_block_size != 0:
+        raise ConfigError(
+            f"block_size: {block_size} tokens per chunk is not a multiple of the engine's "
+            f"block size ({engine_block_size})"
+        )
+    if block_size % hash_block_size != 0:
+        raise ConfigError(
+            f"block_size: {block_size} is not a multiple of the prefix-hash block size "
+            f"({hash_block_size})"
+        )
+    return block_size
 
 
 def _device_type() -> str:

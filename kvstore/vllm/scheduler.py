@@ -330,3 +330,15 @@ class ConnectorScheduler:
     @property
     def num_inflight_jobs(self) -> int:
         return len(self._jobs)
+
+    def inflight(self) -> dict[str, int]:
+        """What the pipeline holds now (`kvstore_pipeline_inflight`, read at scrape time)."""
+        stats = self._pipeline.index.stats()
+        return {
+            "cpu_pins": stats.cpu.num_pinned,
+            "disk_pins": 0 if stats.disk is None else stats.disk.num_pinned,
+            "holds": stats.num_holds,
+            "promoting": stats.num_promoting,
+            "jobs": len(self._jobs),
+            "tracked_requests": len(self._reqs),
+        }

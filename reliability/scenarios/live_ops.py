@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,39 @@ def live_operations(ctx: RunContext) -> Outcome:
     seconds = ctx.trials(smoke=15, full=180)
     rng = random.Random(ctx.seed + 5)
     pool = prompts_of(rng, num_families=5, per_family=8, prefix_tokens=(96, 224))
+    run = _run(ctx, pool, rng, seconds)
+    found = list(run.found)
+    found += _engine_problems(run.report, run.log)
+    verified = verify_store(ctx.workdir / "store")
+    if not verified.is_ok:
+        found.append(f"verify after the run exited {verified.exit_code}: {verified.error}")
+    found += run.oracle.failures
+    commands = run.commands
+    return Outcome(
+        trials=sum(commands.get("num_commands", {}).values()),
+        faults_injected=sum(commands.get("num_removed", {}).values()),
+        passed=not found and run.oracle.num_diverged == 0,
+        requests_served=run.oracle.num_sequences,
+        chunks_lost=None,
+        bad_tokens_served=run.oracle.num_diverged,
+        found=found,
+        details=_details(run, seconds),
+    )
+
+
+@dataclass
+class _Run:
+    oracle: TokenOracle
+    served: dict[str, int]
+    commands: dict[str, Any]
+    report: dict[str, Any]
+    log: str
+    found: list[str]
+
+
+def _run(ctx: RunContext, pool: list[list[int]], rng: random.Random, seconds: int) -> _Run:
+    """Serve `pool` for `seconds` while `reliability.live_ops` removes and repairs chunks."""
     host = EngineHost(ctx.workdir / "engine.log", name="live-ops engine")
-    found: list[str] = []
     try:
         model = str(host.call({"op": "model", "dir": str(ctx.workdir / "model")})["dir"])
         oracle = TokenOracle.from_engine(host, model, pool, _MAX_TOKENS)
@@ -112,39 +144,28 @@ def live_operations(ctx: RunContext) -> Outcome:
             log = file.read().decode(errors="replace")
     finally:
         host.close()
-    commands = json.loads(out) if ops.returncode == 0 else {}
     if ops.returncode != 0:
-        found.append(f"the live-ops process exited {ops.returncode}")
-    found += commands.get("failures", [])
-    found += _engine_problems(report, log)
-    verified = verify_store(ctx.workdir / "store")
-    if not verified.is_ok:
-        found.append(f"verify after the run exited {verified.exit_code}: {verified.error}")
-    found += oracle.failures
-    summary = report["summary"]
-    num_commands = sum(commands.get("num_commands", {}).values())
-    return Outcome(
-        trials=num_commands,
-        faults_injected=sum(commands.get("num_removed", {}).values()),
-        passed=not found and oracle.num_diverged == 0,
-        requests_served=oracle.num_sequences,
-        chunks_lost=None,
-        bad_tokens_served=oracle.num_diverged,
-        found=found,
-        details={
-            "seconds_served": seconds,
-            "commands": commands.get("num_commands", {}),
-            "chunks_removed_by_command": commands.get("num_removed", {}),
-            "served": served,
-            "disk_hit_tokens": summary["tiers"]["disk"]["hit_tokens"],
-            "cpu_hit_tokens": summary["tiers"]["cpu"]["hit_tokens"],
-            "loads_failed_recomputed": summary["load_failed_chunks"],
-            "engine's disk removals by reason (a chunk found gone counts as other)": {
-                name.partition("reason=")[2].split('"')[1]: value
-                for name, value in report["counters"].items()
-                if name.startswith("kvstore_removed_chunks_total") and 'tier="disk"' in name
-            },
-            "load_audit": summary["load_audit"],
-            "oracle": oracle.figures(),
+        failure = f"the live-ops process exited {ops.returncode}"
+        return _Run(oracle, served, {}, report, log, [failure])
+    commands = json.loads(out)
+    return _Run(oracle, served, commands, report, log, list(commands.get("failures", [])))
+
+
+def _details(run: _Run, seconds: int) -> dict[str, Any]:
+    summary = run.report["summary"]
+    return {
+        "seconds_served": seconds,
+        "commands": run.commands.get("num_commands", {}),
+        "chunks_removed_by_command": run.commands.get("num_removed", {}),
+        "served": run.served,
+        "disk_hit_tokens": summary["tiers"]["disk"]["hit_tokens"],
+        "cpu_hit_tokens": summary["tiers"]["cpu"]["hit_tokens"],
+        "loads_failed_recomputed": summary["load_failed_chunks"],
+        "engine's disk removals by reason (a chunk found gone counts as other)": {
+            name.partition("reason=")[2].split('"')[1]: value
+            for name, value in run.report["counters"].items()
+            if name.startswith("kvstore_removed_chunks_total") and 'tier="disk"' in name
         },
-    )
+        "load_audit": summary["load_audit"],
+        "oracle": run.oracle.figures(),
+    }

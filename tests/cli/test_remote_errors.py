@@ -11,7 +11,7 @@ import pytest
 
 from kvstore.cli._source import open_source
 from kvstore.remote import RemoteUnavailableError
-from kvstore.testing.net import free_port
+from tests.support.net import free_port
 from tests.support.redis_servers import RedisServer, redis_cluster, redis_server
 
 from .helpers import TP1, BuiltStore, build_store, run, run_json

@@ -17,9 +17,9 @@ import pytest
 from kvstore.demo.runner import DemoOptions, run_demo
 from kvstore.keys import Tier
 from kvstore.oracle import Verdict, compare_greedy
-from kvstore.testing.connector import drain, kvstore_summary
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from tests.support.connector import drain, kvstore_summary
 from tests.support.faults import damage_cpu_rows, swap_cpu_rows
 from tests.support.oracle import assert_audited, assert_same_outputs
 

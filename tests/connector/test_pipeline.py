@@ -9,9 +9,9 @@ import pytest
 
 from kvstore.keys import Tier
 from kvstore.oracle import GreedyRun
-from kvstore.testing.connector import drain, kvstore_summary
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from tests.support.connector import drain, kvstore_summary
 from tests.support.oracle import assert_audited, assert_same_outputs
 
 pytestmark = pytest.mark.engine

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from kvstore.testing.subprocess_run import run_engine_process
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config
 from tests.support.oracle import assert_same_outputs, runs_from
 from tests.support.redis_servers import redis_cluster, redis_server
+from tests.support.subprocess_run import run_engine_process
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 

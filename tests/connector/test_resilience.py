@@ -11,11 +11,11 @@ import lmdb
 import pytest
 
 from kvstore.keys import Tier
-from kvstore.testing.connector import drain, kvstore_summary
-from kvstore.testing.subprocess_run import run_engine_process
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from tests.support.connector import drain, kvstore_summary
 from tests.support.oracle import assert_audited, assert_same_outputs, runs_from
+from tests.support.subprocess_run import run_engine_process
 from tiers.lmdb import LMDBStore
 
 pytestmark = pytest.mark.engine

@@ -164,3 +164,41 @@ def test_sleep_mode_is_declined() -> None:
     from kvstore.vllm import KVStoreConnector
 
     assert KVStoreConnector.supports_sleep_mode() is False
+
+
+def test_what_the_pipeline_holds_is_exported_and_returns_to_zero(harness: Harness) -> None:
+    harness.metrics.set_pipeline_source(harness.scheduler.inflight)
+    registry = harness.metrics.registry
+
+    def held() -> dict[str, float | None]:
+        name = "kvstore_pipeline_inflight"
+        return {
+            what: registry.get_sample_value(name, {"what": what})
+            for what in ("cpu_pins", "disk_pins", "holds", "promoting", "jobs", "tracked_requests")
+        }
+
+    assert set(held().values()) == {0}  # every series exists before any request
+    first = FakeRequest("a", PROMPT)
+    store_prompt(harness, first, [0, 1, 2])
+    harness.scheduler.request_finished(first)  # type: ignore[arg-type]
+    again = FakeRequest("b", PROMPT)
+    harness.scheduler.track(again)  # type: ignore[arg-type]
+    harness.scheduler.get_num_new_matched_tokens(again, 0)  # type: ignore[arg-type]
+    harness.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+    (load,) = step(harness, again, [7, 8, 9]).load_jobs
+    during = held()
+    assert during["cpu_pins"] == 2 and during["jobs"] == 1 and during["tracked_requests"] == 1
+    report(harness, load.job_id)
+    harness.scheduler.request_finished(again)  # type: ignore[arg-type]
+    assert set(held().values()) == {0}
+
+
+def test_a_failing_pipeline_source_exports_zeros(harness: Harness) -> None:
+    def broken() -> dict[str, int]:
+        raise RuntimeError("boom")
+
+    harness.metrics.set_pipeline_source(broken)
+    value = harness.metrics.registry.get_sample_value(
+        "kvstore_pipeline_inflight", {"what": "jobs"}
+    )
+    assert value == 0

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kvstore.testing.net import free_port
 from kvstore.tiny_model import TinyLlamaSpec
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.engine
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.testing.prometheus import PrometheusUnavailable, ensure_prometheus
+from tests.support.prometheus import PrometheusUnavailable, ensure_prometheus
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.metrics import METRIC_NAMES
-from kvstore.testing.prometheus import DEFAULT_DASHBOARD, dashboard_queries, metric_names_in
+from tests.support.prometheus import DEFAULT_DASHBOARD, dashboard_queries, metric_names_in
 
 SUFFIXES = ("_bucket", "_count", "_sum", "_created")
 GRAFANA = DEFAULT_DASHBOARD.parents[1]

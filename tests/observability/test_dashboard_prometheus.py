@@ -31,7 +31,7 @@ from kvstore.metrics import (
     start_metrics_server,
     store_snapshot,
 )
-from kvstore.testing.prometheus import evaluate_dashboard, run_prometheus
+from tests.support.prometheus import evaluate_dashboard, run_prometheus
 from tiers.lmdb import LMDBStore
 
 pytestmark = pytest.mark.prometheus

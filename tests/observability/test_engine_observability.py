@@ -13,11 +13,11 @@ import msgspec
 import pytest
 import zmq
 
-from kvstore.testing.connector import drain, kvstore_summary
-from kvstore.testing.net import free_port
-from kvstore.testing.prometheus import evaluate_dashboard, run_prometheus
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config, scheduler_connector
+from tests.support.connector import drain, kvstore_summary
+from tests.support.net import free_port
+from tests.support.prometheus import evaluate_dashboard, run_prometheus
 
 pytestmark = pytest.mark.engine
 

@@ -19,7 +19,7 @@ from kvstore.cli import app
 from kvstore.eventbus import EventBus, ZMQPublisherSink
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.keys import BlockKey, Tier
-from kvstore.testing.net import free_port
+from tests.support.net import free_port
 
 runner = CliRunner()
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from kvstore.eventbus import EventBus, ZMQPublisherSink, decode_batch
 from kvstore.eventbus.wire import END_SEQ, block_hash_to_wire
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.keys import BlockKey, Tier
-from kvstore.testing.net import free_port
+from tests.support.net import free_port
 
 vllm_kv_events = pytest.importorskip("vllm.distributed.kv_events")
 

@@ -13,7 +13,7 @@ import pytest
 
 from kvstore.errors import ConfigError
 from kvstore.remote import BreakerState, RemoteAuthError, RemoteStore
-from kvstore.testing.net import free_port
+from tests.support.net import free_port
 from tests.support.redis_servers import RedisClusterServers, RedisServer, redis_server
 
 from .conftest import TIMEOUT_MS, make_config

@@ -43,7 +43,7 @@ def assert_audited(summary: Mapping[str, Any], *, verified: int | None = None) -
 
 
 def runs_from(result: Mapping[str, Any], prefix: str = "") -> list[GreedyRun]:
-    """GreedyRuns from a `kvstore.testing.driver` result (`outputs`/`top2_gaps`, or the
+    """GreedyRuns from a `tests.support.driver` result (`outputs`/`top2_gaps`, or the
     `repeat_` ones with `prefix="repeat_"`)."""
     return [
         GreedyRun(tuple(tokens), tuple(gaps))

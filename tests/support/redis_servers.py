@@ -32,7 +32,7 @@ from pathlib import Path
 
 import redis
 
-from kvstore.testing.net import free_port
+from tests.support.net import free_port
 
 __all__ = [
     "RedisClusterServers",

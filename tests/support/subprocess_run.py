@@ -1,4 +1,4 @@
-"""Run `kvstore.testing.driver` in a child process and parse its result line."""
+"""Run `tests.support.driver` in a child process and parse its result line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["run_engine_process"]
@@ -15,8 +16,11 @@ def run_engine_process(spec: dict[str, Any], timeout_s: float = 300.0) -> dict[s
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.update(spec.get("env", {}))
+    # `tests.support.driver` lives in the source tree, not in the installed package.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "kvstore.testing.driver", json.dumps(spec)],
+        [sys.executable, "-m", "tests.support.driver", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=timeout_s,

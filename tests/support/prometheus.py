@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstore.testing.net import free_port
+from tests.support.net import free_port
 
 __all__ = [
     "DEFAULT_DASHBOARD",

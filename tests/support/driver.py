@@ -1,6 +1,6 @@
 """Run the tiny engine with kvstore in a fresh process and print one JSON result line.
 
-    python -m kvstore.testing.driver '{"model_dir": ..., "extra": {...}, "prompts": [[...]]}'
+    python -m tests.support.driver '{"model_dir": ..., "extra": {...}, "prompts": [[...]]}'
 
 Used by the restart and multi-process tests: each run is a separate process, as a restarted
 `vllm serve` would be.
@@ -17,8 +17,8 @@ from typing import Any
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    from kvstore.testing.connector import drain, kvstore_summary
     from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config
+    from tests.support.connector import drain, kvstore_summary
 
     multiprocess = bool(spec.get("multiprocess", False))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"

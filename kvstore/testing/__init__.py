@@ -1,1 +1,0 @@
-"""Helpers shared by the test suite, the demo and the benchmarks (no pytest import here)."""
