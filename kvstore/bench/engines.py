@@ -4,6 +4,11 @@ Each `BenchEngine` is a `vllm.LLM` in vLLM's default multiprocessing mode (its E
 with it kvstore's scheduler and worker halves, runs in a child process), so two engines, one
 with kvstore and one without, stay up side by side and the benchmark can interleave their
 measurements. What kvstore did is read from its metrics endpoint, as an operator would.
+
+The engine "without kvstore" runs `NullConnector` (a KV connector that moves nothing), not no
+connector at all: vLLM's CPU platform gives an engine with any KV connector a different core
+layout (on 2 cores, an OpenMP team on both instead of one core; see
+`kvstore/vllm/null_connector.py`), which alone halves a prefill's time there.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config
+from kvstore.vllm.null_connector import null_transfer_config
 
 __all__ = ["BENCH_SPEC", "BenchEngine", "bench_engine", "free_port", "synthetic_prompt"]
 
@@ -124,10 +130,10 @@ def bench_engine(
 ) -> Iterator[BenchEngine]:
     """An engine for prompts of up to `num_tokens` whose own KV cache holds `kv_cache_tokens`
     (two such prompts by default); kvstore on when `kvstore` (its `kv_connector_extra_config`)
-    is given."""
+    is given, else `NullConnector`."""
     kv_bytes = (kv_cache_tokens or 2 * num_tokens) * BENCH_SPEC.kv_bytes_per_token
     metrics_url = None
-    transfer = None
+    transfer = null_transfer_config()
     if kvstore is not None:
         port = free_port()
         transfer = kv_transfer_config(metrics_port=port, **kvstore)
