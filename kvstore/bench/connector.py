@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.bench.engines import BENCH_SPEC, BenchEngine, bench_engine, synthetic_prompt
+from kvstore.bench.tiers import drop_page_cache
 from kvstore.tiny_model import build_tiny_llama
 
 __all__ = ["SizeResult", "main", "measure_size", "measure_throughput"]
@@ -126,7 +127,7 @@ def _cold_disk_hits(
     model: Path, config: dict[str, Any], prompts: list[list[int]], hit: int
 ) -> list[float]:
     """A restarted kvstore engine meets the store with its file out of the page cache."""
-    _drop_page_cache(Path(config["disk_path"]) / "data.mdb")
+    drop_page_cache(Path(config["disk_path"]) / "data.mdb")
     times = []
     with bench_engine(model, len(prompts[0]), kvstore=config) as on:
         for prompt in prompts:
@@ -160,15 +161,6 @@ def measure_throughput(
         if sum(hits) > 0:
             raise RuntimeError(f"the throughput batches must not hit, kvstore served {hits}")
     return times
-
-
-def _drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 # -- report -----------------------------------------------------------------------------------

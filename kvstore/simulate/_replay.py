@@ -21,29 +21,46 @@ ROUTINGS = ("round-robin", "random")
 """How requests reach replicas: in turn, or uniformly at random (seeded)."""
 
 
-class _EngineCache:
-    """The engine's own prefix cache, as an LRU of chunk keys."""
+class _KeyLRU:
+    """Chunk keys in least-recently-used order, at most `num_chunks` of them."""
 
     def __init__(self, num_chunks: int) -> None:
-        self._num_chunks = num_chunks
+        self.num_chunks = num_chunks
         self._keys: OrderedDict[BlockKey, None] = OrderedDict()
 
-    def num_prefix_hits(self, keys: Sequence[BlockKey]) -> int:
-        num_hits = 0
+    def num_leading(self, keys: Sequence[BlockKey]) -> int:
+        """How many of `keys`, from the first, are held (a probe: no access)."""
+        num_found = 0
         for key in keys:
             if key not in self._keys:
                 break
-            num_hits += 1
-        return num_hits
+            num_found += 1
+        return num_found
 
-    def use(self, keys: Sequence[BlockKey]) -> None:
-        if self._num_chunks == 0:
-            return
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        """An access to each of `keys` that is held."""
+        for key in keys:
+            if key in self._keys:
+                self._keys.move_to_end(key)
+
+    def add(self, keys: Iterable[BlockKey]) -> int:
+        """Hold `keys` (most recent last); returns how many keys were evicted to make room."""
         for key in keys:
             self._keys[key] = None
             self._keys.move_to_end(key)
-        while len(self._keys) > self._num_chunks:
+        num_evicted = 0
+        while len(self._keys) > self.num_chunks:
             self._keys.popitem(last=False)
+            num_evicted += 1
+        return num_evicted
+
+
+class _EngineCache(_KeyLRU):
+    """The engine's own prefix cache, as an LRU of chunk keys (0 chunks: no cache)."""
+
+    def use(self, keys: Sequence[BlockKey]) -> None:
+        if self.num_chunks:
+            self.add(keys)
 
 
 def _serve(index: TierIndex, keys: Sequence[BlockKey], counts: Counter[str]) -> int:
@@ -97,7 +114,7 @@ def _count_evictions(index: TierIndex, counts: Counter[str]) -> None:
             counts[name] += len(event.keys)
 
 
-class SharedRemote:
+class SharedRemote(_KeyLRU):
     """The remote tier as Redis runs it with `maxmemory` and `allkeys-lru`, shared by every
     replica: a probe (EXISTS) is not an access, a fetch (GET) and a write (SET) are; a write past
     capacity evicts the least recently used chunk. Exact LRU (Redis samples keys to approximate
@@ -107,33 +124,10 @@ class SharedRemote:
     def __init__(self, num_chunks: int) -> None:
         if num_chunks < 1:
             raise ValueError(f"a remote tier holds at least one chunk, got {num_chunks}")
-        self.num_chunks = num_chunks
-        self._keys: OrderedDict[BlockKey, None] = OrderedDict()
+        super().__init__(num_chunks)
 
-    def num_leading(self, keys: Sequence[BlockKey]) -> int:
-        """How many of `keys`, from the first, the tier holds (a probe: no access)."""
-        num_found = 0
-        for key in keys:
-            if key not in self._keys:
-                break
-            num_found += 1
-        return num_found
-
-    def fetch(self, keys: Iterable[BlockKey]) -> None:
-        for key in keys:
-            if key in self._keys:
-                self._keys.move_to_end(key)
-
-    def store(self, keys: Iterable[BlockKey]) -> int:
-        """Write `keys`; returns how many chunks were evicted to make room."""
-        for key in keys:
-            self._keys[key] = None
-            self._keys.move_to_end(key)
-        num_evicted = 0
-        while len(self._keys) > self.num_chunks:
-            self._keys.popitem(last=False)
-            num_evicted += 1
-        return num_evicted
+    fetch = _KeyLRU.touch
+    store = _KeyLRU.add
 
 
 def _fetch_remote(
@@ -173,7 +167,7 @@ class _Replica:
     def serve(self, prompt: Sequence[int], remote: SharedRemote | None) -> None:
         index, counts = self.index, self.counts
         keys = chunk_keys(prompt, index.config.num_tokens_per_chunk)
-        num_engine_hits = self.engine.num_prefix_hits(keys)
+        num_engine_hits = self.engine.num_leading(keys)
         num_cached = self._serve_prefix(keys, num_engine_hits, remote)
         stored = _store(index, prompt, keys, num_cached, counts)
         if remote is not None and stored:
