@@ -123,3 +123,39 @@ def test_gc_refuses_without_yes_when_not_interactive(built: BuiltStore) -> None:
     result = run("gc", built.path, "--max-bytes", "0")
     assert result.exit_code == 2
     assert "refusing to evict 10 chunks" in result.stderr
+
+
+def _refill_after_each_pass(monkeypatch: pytest.MonkeyPatch, built: BuiltStore) -> None:
+    """An engine writing between gc's passes: each pass is followed by a new chunk."""
+    from kvstore.cli import manage
+
+    real = manage.evict_lru
+    written = iter(range(100, 200))
+
+    def evict_then_write(store: LMDBStore, max_bytes: int, victims: list) -> tuple[int, bool]:  # type: ignore[type-arg]
+        result = real(store, max_bytes, victims)
+        key = (next(written)).to_bytes(32, "big")
+        store.put_many(TP1, [(key, b"x" * (64 << 10))], now_s=BASE_S + 5000)
+        return result
+
+    monkeypatch.setattr(manage, "evict_lru", evict_then_write)
+
+
+def test_gc_beside_a_writing_engine_succeeds_once_under_the_limit(
+    built: BuiltStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _refill_after_each_pass(monkeypatch, built)
+    result = run("gc", built.path, "--max-bytes", "100KiB", "--yes")
+    assert result.exit_code == 0, result.stderr
+    assert "an engine wrote while gc ran" in result.stderr
+
+
+def test_gc_that_never_gets_under_the_limit_fails(
+    built: BuiltStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvstore.cli import manage
+
+    monkeypatch.setattr(manage, "evict_lru", lambda store, max_bytes, victims: (0, False))
+    result = run("gc", built.path, "--max-bytes", "100KiB", "--yes")
+    assert result.exit_code == 1
+    assert "still" in result.stderr and "bytes used" in result.stderr
