@@ -49,7 +49,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from tiers import _lmdb_env, _lmdb_records
+from tiers import _lmdb_env, _lmdb_reads, _lmdb_records
 from tiers._lmdb_env import LMDBOptions, SharedEnv
 from tiers._lmdb_records import FORMAT_VERSION
 from tiers.errors import (
@@ -70,7 +70,6 @@ from tiers.store import (
     hex_prefix_bytes,
     normalize_descriptor,
     prepare_items,
-    writable_view,
 )
 
 __all__ = ["FORMAT_VERSION", "LMDBOptions", "LMDBStore"]
@@ -294,22 +293,7 @@ class LMDBStore:
         Returns the size, or None if absent. Raises CorruptionError on a checksum or size
         mismatch (the bytes in `out` must then be ignored). Does not update the entry's meta.
         """
-        target = writable_view(out)
-        check_key(key)
-        shared = self._env()
-        with self._read_txn(buffers=True) as txn:
-            full_key = _lmdb_records.prefix(txn, shared, namespace) + key
-            value = txn.get(full_key, db=shared.dbs[b"data"])
-            if value is None:
-                return None
-            raw = txn.get(full_key, db=shared.dbs[b"meta"])
-            size = len(value)
-            if size > target.nbytes:
-                raise TierConfigError(f"out has {target.nbytes} bytes; the value has {size}")
-            target[:size] = value
-            raw_meta = None if raw is None else bytes(raw)
-        _lmdb_records.verify(namespace, key, raw_meta, target[:size])
-        return size
+        return _lmdb_reads.read_into(self._env(), namespace, key, out)
 
     def get_many_into(
         self, namespace: str, items: Sequence[tuple[bytes, WritableBuffer]]
@@ -318,39 +302,7 @@ class LMDBStore:
 
         One transaction and one pass keep the reader thread from handing the GIL back and forth
         per key while vLLM's step loop runs (each hand-back can cost a switch interval)."""
-        targets = [(check_key(key), writable_view(out)) for key, out in items]
-        shared = self._env()
-        copied: list[tuple[int, bytes | None] | CorruptionError | None] = []
-        with self._read_txn(buffers=True) as txn:
-            prefix = _lmdb_records.prefix(txn, shared, namespace)
-            for key, target in targets:
-                value = txn.get(prefix + key, db=shared.dbs[b"data"])
-                if value is None:
-                    copied.append(None)
-                    continue
-                size = len(value)
-                if size > target.nbytes:  # not a value written for this buffer: one bad key
-                    copied.append(CorruptionError(
-                        f"value of {size} bytes does not fit the {target.nbytes}-byte buffer",
-                        namespace=namespace, key=key,
-                    ))  # fmt: skip
-                    continue
-                target[:size] = value
-                raw = txn.get(prefix + key, db=shared.dbs[b"meta"])
-                copied.append((size, None if raw is None else bytes(raw)))
-        results: list[int | CorruptionError | None] = []
-        for (key, target), got in zip(targets, copied, strict=True):
-            if got is None or isinstance(got, CorruptionError):
-                results.append(got)
-                continue
-            size, raw_meta = got
-            try:
-                _lmdb_records.verify(namespace, key, raw_meta, target[:size])
-            except CorruptionError as exc:
-                results.append(exc)
-            else:
-                results.append(size)
-        return results
+        return _lmdb_reads.read_many_into(self._env(), namespace, items)
 
     def contains(self, namespace: str, key: bytes) -> bool:
         return self.meta(namespace, key) is not None

@@ -6,7 +6,8 @@ values:
     kvstore:<namespace id>:<chunk key hex>      one chunk (value below)
     kvstore:<namespace id>:descriptor           the namespace descriptor, JSON (written once)
 
-A value is a fixed 40-byte little-endian header followed by the raw payload (never pickle):
+A value is a fixed 40-byte little-endian header followed by the raw payload (plain bytes: no
+object serialization, so nothing in a value can run code when it is read):
 
     offset size  field
     0      4     magic b"KVSR"
