@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.apt import apt_install
 from tests.support.net import free_port
 
 __all__ = [
@@ -84,23 +85,10 @@ def ensure_prometheus(*, install: bool = True) -> Path:
             return Path(found)
         if not install:
             raise PrometheusUnavailable("prometheus is not on PATH (installing was not allowed)")
-        apt = shutil.which("apt-get")
-        if apt is None or os.geteuid() != 0:
-            raise PrometheusUnavailable(
-                "prometheus is not on PATH and cannot be installed here (needs root and apt-get): "
-                "install it (`apt-get install prometheus`) or set KVSTORE_PROMETHEUS_BIN"
-            )
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install_cmd = [apt, "install", "-y", "--no-install-recommends", "prometheus"]
-        done = subprocess.run(install_cmd, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:  # stale package lists: update once and retry
-            subprocess.run([apt, "update"], capture_output=True, env=env, check=False)
-            done = subprocess.run(install_cmd, capture_output=True, text=True, env=env, check=False)
+        problem = apt_install("prometheus", "KVSTORE_PROMETHEUS_BIN")
         found = shutil.which("prometheus")
         if found is None:
-            raise PrometheusUnavailable(
-                f"`apt-get install prometheus` failed ({done.returncode}): {done.stderr[-500:]}"
-            )
+            raise PrometheusUnavailable(problem or "prometheus installed but not on PATH")
         return Path(found)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import redis
 
+from tests.support.apt import apt_install
 from tests.support.net import free_port
 
 __all__ = [
@@ -89,25 +90,12 @@ def ensure_redis_server(*, install: bool = True) -> tuple[Path, Path]:
             )
         if not install:
             raise RedisUnavailable("redis-server is not on PATH (installing was not allowed)")
-        apt = shutil.which("apt-get")
-        if apt is None or os.geteuid() != 0:
-            raise RedisUnavailable(
-                "redis-server is not on PATH and cannot be installed here (needs root and "
-                "apt-get): install it (`apt-get install redis-server`) or set "
-                "KVSTORE_REDIS_SERVER_BIN"
-            )
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install_cmd = [apt, "install", "-y", "--no-install-recommends", "redis-server"]
-        done = subprocess.run(install_cmd, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:  # stale package lists: update once and retry
-            subprocess.run([apt, "update"], capture_output=True, env=env, check=False)
-            done = subprocess.run(install_cmd, capture_output=True, text=True, env=env, check=False)
-        _stop_debian_service()
+        problem = apt_install("redis-server", "KVSTORE_REDIS_SERVER_BIN")
+        if not problem:
+            _stop_debian_service()
         found = _find_binaries()
         if found is None:
-            raise RedisUnavailable(
-                f"`apt-get install redis-server` failed ({done.returncode}): {done.stderr[-500:]}"
-            )
+            raise RedisUnavailable(problem or "redis-server installed but not found on PATH")
         return found
 
 
