@@ -85,6 +85,7 @@ class _Host:
 
     def summary(self, command: dict[str, Any]) -> dict[str, Any]:
         from kvstore.vllm.engine import scheduler_connector
+        from reliability.engines import flat_samples
         from tests.support.connector import drain, kvstore_summary
 
         if not self.has_kvstore:
@@ -92,20 +93,11 @@ class _Host:
         drain(self.llm)
         connector = scheduler_connector(self.llm)
         runtime = connector.runtime
-        stats = runtime.index.stats()
         runtime.index.check_invariants()
-        disk_pins = stats.disk.num_pinned if stats.disk is not None else 0
         return {
             "summary": kvstore_summary(self.llm),
-            "counters": _counters(runtime.registry),
-            "inflight": {
-                "cpu_pins": stats.cpu.num_pinned,
-                "disk_pins": disk_pins,
-                "holds": stats.num_holds,
-                "promoting": stats.num_promoting,
-                "jobs": connector.scheduler.num_inflight_jobs,
-                "tracked_requests": connector.scheduler.num_tracked_requests,
-            },
+            "counters": flat_samples(runtime.registry.collect()),
+            "inflight": connector.scheduler.inflight(),
         }
 
     def close(self, command: dict[str, Any]) -> dict[str, Any]:
@@ -114,20 +106,6 @@ class _Host:
         self.llm = None
         self.has_kvstore = False
         return {}
-
-
-def _counters(registry: Any) -> dict[str, float]:
-    """kvstore's counters and gauges as `name{label="value",...}` -> value (no histograms)."""
-    values: dict[str, float] = {}
-    for family in registry.collect():
-        if family.type not in ("counter", "gauge"):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
 
 
 def main() -> None:

@@ -21,13 +21,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from prometheus_client.metrics_core import Metric
+
 from kvstore.oracle import GreedyRun, Verdict, compare_greedy
 from kvstore.tiny_model import TinyLlamaSpec
+from tests.support.oracle import runs_from
 
 __all__ = [
     "CHUNK_BYTES",
@@ -35,7 +38,6 @@ __all__ = [
     "EngineHost",
     "HostError",
     "TokenOracle",
-    "runs_of",
     "shared_prefix_prompts",
 ]
 
@@ -188,12 +190,19 @@ def shared_prefix_prompts(
     return prompts
 
 
-def runs_of(answer: dict[str, Any]) -> list[GreedyRun]:
-    """The `GreedyRun`s of a `generate` answer."""
-    return [
-        GreedyRun(tuple(tokens), tuple(gaps))
-        for tokens, gaps in zip(answer["outputs"], answer["top2_gaps"], strict=True)
-    ]
+def flat_samples(families: Iterable[Metric]) -> dict[str, float]:
+    """Counter and gauge samples as `name{label="value",...}` -> value (labels sorted; no
+    histograms, no `_created`): a registry's `collect()` or a parsed /metrics page."""
+    values: dict[str, float] = {}
+    for family in families:
+        if family.type not in ("counter", "gauge"):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
 
 
 @dataclass(slots=True)
@@ -215,13 +224,13 @@ class TokenOracle:
         unique = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts)]
         answer = host.call({"op": "generate", "prompts": unique, "max_tokens": max_tokens})
         host.call({"op": "close"})
-        runs = runs_of(answer)
+        runs = runs_from(answer)
         return cls({tuple(p): run for p, run in zip(unique, runs, strict=True)})
 
     def check(self, prompts: Sequence[Sequence[int]], answer: dict[str, Any]) -> int:
         """Compare one `generate` answer; returns how many sequences DIVERGED."""
         reference = [self.reference[tuple(p)] for p in prompts]
-        report = compare_greedy(reference, runs_of(answer))
+        report = compare_greedy(reference, runs_from(answer))
         self.num_sequences += len(report.checks)
         self.num_cut_at_tie += report.count(Verdict.CUT_AT_TIE)
         diverged = report.count(Verdict.DIVERGED)

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvstore.tiny_model import TinyLlamaSpec
-from reliability.engines import CHUNK_BYTES, CHUNK_TOKENS
+from reliability.engines import CHUNK_BYTES, CHUNK_TOKENS, flat_samples
 
 __all__ = [
     "ROLES",
@@ -165,20 +167,10 @@ def sample_process(pid: int) -> ProcessSample | None:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The samples of a Prometheus text page (no comments), by `name{labels}`."""
+    """The counters and gauges of a /metrics page, by `name{labels}` (`flat_samples`)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            if name.partition("{")[0].endswith("_created"):
-                continue
-            try:
-                values[name] = float(value)
-            except ValueError:
-                continue
-    return values
+    return flat_samples(text_string_to_metric_families(text))
 
 
 def slope_per_min(times_s: Sequence[float], values: Sequence[float]) -> float:
