@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore.bench.engines import BENCH_SPEC, BenchEngine, bench_engine, synthetic_prompt
+from kvstore.bench.engines import BENCH_SPEC, bench_engine, synthetic_prompt
 from kvstore.bench.tiers import drop_page_cache
 from kvstore.tiny_model import build_tiny_llama
 
@@ -74,14 +74,6 @@ def _store_config(workdir: Path, num_tokens: int, num_prompts: int) -> dict[str,
     }
 
 
-def _expect_hits(engine: BenchEngine, before: tuple[float, float], tier: int, want: int) -> None:
-    after = engine.hit_tokens()
-    got = after[tier] - before[tier]
-    if got < want:
-        name = ("CPU", "disk")[tier]
-        raise RuntimeError(f"expected {want} {name}-tier hit tokens, kvstore reported {got:.0f}")
-
-
 def measure_size(
     model: Path, workdir: Path, num_tokens: int, repeats: int, *, with_disk: bool = True
 ) -> SizeResult:
@@ -104,18 +96,16 @@ def measure_size(
             on.ttft_s(prompt)  # computed and stored
             on.wait_settled()
             on.reset_prefix_cache()
-            before = on.hit_tokens()
-            result.times["kvstore_cpu"].append(on.ttft_s(prompt))
-            _expect_hits(on, before, 0, hit)
+            with on.expect_hits("cpu", hit):
+                result.times["kvstore_cpu"].append(on.ttft_s(prompt))
             if not with_disk:
                 continue
             for k in range(2):  # fill the CPU tier: the prompt is now on disk only
                 on.ttft_s(synthetic_prompt(1000 + 10 * r + k, num_tokens))
                 on.wait_settled()
             on.reset_prefix_cache()
-            before = on.hit_tokens()
-            result.times["kvstore_disk"].append(on.ttft_s(prompt))
-            _expect_hits(on, before, 1, hit // 2)  # most of it (a promotion may evict a tail)
+            with on.expect_hits("disk", hit // 2):  # most of it (a promotion may evict a tail)
+                result.times["kvstore_disk"].append(on.ttft_s(prompt))
             on.wait_settled()
         result.hit_tokens = dict(zip(("cpu", "disk"), on.hit_tokens(), strict=True))
     if with_disk:
@@ -131,9 +121,8 @@ def _cold_disk_hits(
     times = []
     with bench_engine(model, len(prompts[0]), kvstore=config) as on:
         for prompt in prompts:
-            before = on.hit_tokens()
-            times.append(on.ttft_s(prompt))
-            _expect_hits(on, before, 1, hit // 2)
+            with on.expect_hits("disk", hit // 2):
+                times.append(on.ttft_s(prompt))
     return times
 
 

@@ -106,6 +106,16 @@ class BenchEngine:
             samples.get(("kvstore_hit_tokens_total", (("tier", "disk"),)), 0.0),
         )
 
+    @contextlib.contextmanager
+    def expect_hits(self, tier: str, at_least: int) -> Iterator[None]:
+        """Raise unless kvstore reported at least `at_least` hit tokens from `tier` during the
+        block (a benchmark that timed a miss would report a wrong number)."""
+        before = self.metric("kvstore_hit_tokens_total", tier=tier)
+        yield
+        got = self.metric("kvstore_hit_tokens_total", tier=tier) - before
+        if got < at_least:
+            raise RuntimeError(f"expected a {tier} hit of >= {at_least} tokens, got {got:.0f}")
+
     def wait_settled(self, timeout_s: float = 120.0) -> None:
         """Wait until kvstore's write-through queue is empty and the disk tier stops growing."""
         deadline = time.monotonic() + timeout_s
