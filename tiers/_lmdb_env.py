@@ -8,7 +8,8 @@ process is live: readers enter `ReadGate.reading()`, and a resize waits for them
 
 LMDB reads through a memory map, so a data file truncated under the open store would kill the
 process with SIGBUS on the next read. Every transaction therefore first checks that the file
-still covers the pages the store uses and is still the file that was opened; once it is not,
+is still the one that was opened and still holds every page the store uses
+(`tiers._lmdb_filecheck`: exact, with no false findings on a healthy store); once it is not,
 every operation raises StoreIOError (the race with a truncation during a transaction remains).
 Any other LMDB error inside a transaction (a full or failing disk, a damaged page) is raised as
 StoreIOError; `MapFullError` passes through for `LMDBStore.put_many` to grow the map.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from typing import Any
 
 import lmdb
 
+from tiers._lmdb_filecheck import DataFileCheck, problem_before_open
 from tiers.errors import StoreDamagedError, StoreIOError, TierConfigError
 
 __all__ = ["DB_NAMES", "LMDBOptions", "ReadGate", "SharedEnv", "acquire", "release"]
@@ -37,8 +38,6 @@ logger = logging.getLogger(__name__)
 DB_NAMES = (b"store", b"namespaces", b"counts", b"data", b"meta")
 _STORE_FILES = {"data.mdb", "lock.mdb"}
 _RESIZE_TIMEOUT_S = 5.0
-_META_MAGIC = 0xBEEFC0DE
-_META_BYTES = 152
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +101,7 @@ class SharedEnv:
     gate: ReadGate
     data_fd: int = -1
     page_bytes: int = 4096
+    file_check: DataFileCheck | None = None
     broken: str = ""
     num_users: int = 0
 
@@ -128,6 +128,11 @@ class SharedEnv:
     def read_txn(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction[Any]]:
         """A read transaction inside the gate; adopts a map another process grew."""
         self.check_file()
+        with self._unchecked_read_txn(buffers=buffers) as txn:
+            yield txn
+
+    @contextlib.contextmanager
+    def _unchecked_read_txn(self, *, buffers: bool) -> Iterator[lmdb.Transaction[Any]]:
         try:
             for attempt in range(2):
                 with self.gate.reading():
@@ -167,7 +172,16 @@ class SharedEnv:
             return f"its data.mdb is gone ({exc.strerror})"
         if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
             return "its data.mdb was replaced by another file"
-        return data_file_problem(self.data_fd)
+        if self.file_check is None:
+            self.file_check = DataFileCheck(self.data_fd)
+        return self.file_check.problem(self._pinned_txn_id)
+
+    @contextlib.contextmanager
+    def _pinned_txn_id(self) -> Iterator[int]:
+        """A read transaction's id: its snapshot's pages cannot be reused while it is open.
+        Beginning one reads only the two meta pages, which the quick check saw in the file."""
+        with self._unchecked_read_txn(buffers=False) as txn:
+            yield int(txn.id())
 
     def adopt_map_size(self) -> bool:
         """Adopt the map size another process grew the environment to."""
@@ -183,45 +197,6 @@ class SharedEnv:
         if grown:
             logger.warning("grew LMDB map of %s from %d to %d bytes", self.path, current, new_size)
         return grown
-
-
-def data_file_problem(fd: int) -> str:
-    """Why the data file behind `fd` cannot be mapped safely ("" if it can): empty, or shorter
-    than the pages its newest meta page says are in use (a truncated file). Reads the meta
-    pages with pread, never through a map."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return "its data.mdb is empty (0 bytes)"
-    needed = _bytes_in_use(fd)
-    if needed is not None and size < needed:
-        return f"its data.mdb has {size} bytes but its header says {needed} are in use (truncated)"
-    return ""
-
-
-def _bytes_in_use(fd: int) -> int | None:
-    """`(last page + 1) * page size` from the newest valid meta page (LMDB 0.9, 64-bit:
-    magic and version at byte 16, page size at 40, last page and txn id at 136), at least
-    the two meta pages; None if page 0 is not an LMDB meta page (LMDB's open says why)."""
-    first = os.pread(fd, _META_BYTES, 0)
-    if _meta_fields(first) is None:
-        return None
-    page_bytes = int(struct.unpack_from("<I", first, 40)[0])
-    if page_bytes < 512 or page_bytes & (page_bytes - 1):
-        return None
-    metas = [m for m in (first, os.pread(fd, _META_BYTES, page_bytes)) if _meta_fields(m)]
-    last_page, _ = max((_meta_fields(m) or (0, 0) for m in metas), key=lambda f: f[1])
-    return max(2, last_page + 1) * page_bytes
-
-
-def _meta_fields(page: bytes) -> tuple[int, int] | None:
-    """`(last page, txn id)` of a meta page, or None if it is not one."""
-    if len(page) < _META_BYTES:
-        return None
-    magic, version = struct.unpack_from("<II", page, 16)
-    if magic != _META_MAGIC or version != 1:
-        return None
-    last_page, txn_id = struct.unpack_from("<QQ", page, 136)
-    return int(last_page), int(txn_id)
 
 
 _registry: dict[Path, SharedEnv] = {}
@@ -396,7 +371,7 @@ def _checked_data_file(path: Path, *, readonly: bool) -> int:
         return -1
     except OSError as exc:
         raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
-    problem = data_file_problem(fd)
+    problem = problem_before_open(fd)
     if problem and (readonly or os.fstat(fd).st_size > 0):  # LMDB makes an empty file anew
         os.close(fd)
         raise StoreDamagedError(
