@@ -52,10 +52,20 @@ def _value(rng: random.Random) -> bytes:
     return rng.randbytes(rng.choice((200, 200, 1500, 5000, 70000)))
 
 
-def _commit(store: LMDBStore, rng: random.Random, keys: list[bytes]) -> None:
-    """One write transaction of a random kind."""
+def _commit(store: LMDBStore, rng: random.Random, keys: list[bytes], cluster: list[bytes]) -> None:
+    """One write transaction of a random kind. A *cluster* (keys adjacent in key order, put in
+    one transaction and deleted in another) empties whole leaf pages: LMDB then merges pages it
+    copied earlier in the same transaction, which leaves loose pages."""
     kind = rng.random()
-    if kind < 0.45 or len(keys) < 20:
+    if kind < 0.08:
+        if cluster:
+            store.delete_many(NAMESPACE, cluster)
+            cluster.clear()
+        else:
+            prefix = rng.randbytes(12)
+            cluster.extend(prefix + i.to_bytes(4, "big") for i in range(rng.choice((100, 400))))
+            store.put_many(NAMESPACE, [(key, rng.randbytes(200)) for key in cluster])
+    elif kind < 0.45 or len(keys) < 20:
         batch = [(rng.choice(keys) if keys and rng.random() < 0.3 else rng.randbytes(16))
                  for _ in range(rng.choice((1, 4, 12, 60)))]  # fmt: skip
         store.put_many(NAMESPACE, [(key, _value(rng)) for key in batch])
@@ -84,11 +94,12 @@ def _write(path: Path, seed: int, num_commits: int, options: LMDBOptions,
     result = ChurnResult(seed)
     rng = random.Random(seed)
     keys: list[bytes] = []
+    cluster: list[bytes] = []
     with LMDBStore.open(path, capacity_bytes=_CAPACITY_BYTES, options=options) as store:
         store.register_namespace(NAMESPACE, {"churn": True})
         for _ in range(num_commits):
             try:
-                _commit(store, rng, keys)
+                _commit(store, rng, keys, cluster)
             except TierError as exc:
                 result.findings.append(f"writer: {type(exc).__name__}: {exc}")
                 break
