@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.errors import ConfigError
+from kvstore.index.config import WRITE_POLICIES, write_policy_problem
+from kvstore.policies import POLICY_NAMES
 from kvstore.remote.config import RemoteConfig
 
 __all__ = ["EVICTION_POLICIES", "WRITE_POLICIES", "KVStoreConfig", "parse_size"]
 
-EVICTION_POLICIES = ("lru", "arc")
-WRITE_POLICIES = ("write_through", "write_back")
+EVICTION_POLICIES = POLICY_NAMES
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
 _SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -129,7 +130,8 @@ class KVStoreConfig:
         _choice("eviction_policy", self.eviction_policy, EVICTION_POLICIES)
         if self.disk_eviction_policy is not None:
             _choice("disk_eviction_policy", self.disk_eviction_policy, EVICTION_POLICIES)
-        _choice("write_policy", self.write_policy, WRITE_POLICIES)
+        problem = write_policy_problem(self.write_policy)
+        _require(problem is None, "write_policy", problem or "")
         _choice("load_failure_policy", self.load_failure_policy, LOAD_FAILURE_POLICIES)
         _require(self.admission_min_sightings >= 1, "admission_min_sightings", "must be >= 1")
         if self.metrics_port is not None:

@@ -41,3 +41,36 @@ def test_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
     sample = tmp_path / "m.py"
     sample.write_text("def f():\n    from vllm import LLM\n    return LLM\n")
     assert list(_imports(sample)) == [(2, "vllm")]
+
+
+_INDEX_MAY_IMPORT = ("kvstore.index", "kvstore.policies", "kvstore.keys", "kvstore.events",
+                     "kvstore.errors", "kvstore.occupancy")  # fmt: skip
+"""The index and its policies are pure bookkeeping: no I/O, no metrics, no asyncio."""
+
+
+def _kvstore_imports(package: str) -> Iterator[tuple[str, str]]:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for lineno, module in _imports(path):
+            yield f"{path.relative_to(ROOT)}:{lineno}", module
+
+
+def test_the_index_imports_only_bookkeeping() -> None:
+    bad = [
+        f"{where} imports {module}"
+        for package in ("kvstore/index", "kvstore/policies")
+        for where, module in _kvstore_imports(package)
+        if module.startswith(("kvstore", "tiers", "asyncio", "vllm", "torch"))
+        and not module.startswith(_INDEX_MAY_IMPORT)
+    ]
+    assert bad == []
+
+
+def test_the_remote_tier_does_not_reach_up_into_the_pipeline() -> None:
+    above = ("kvstore.service", "kvstore.pipeline", "kvstore.vllm", "kvstore.metrics",
+             "kvstore.index", "kvstore.cli")  # fmt: skip
+    bad = [
+        f"{where} imports {module}"
+        for where, module in _kvstore_imports("kvstore/remote")
+        if module.startswith(above)
+    ]
+    assert bad == []

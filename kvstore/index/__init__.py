@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvstore.index.config import WRITE_POLICIES, IndexConfig
 from kvstore.index.errors import IndexStateError, InvariantError
+from kvstore.index.event_log import EventLog
 from kvstore.index.plans import (
     IndexStats,
     LoadPlan,
@@ -23,6 +24,7 @@ from kvstore.index.tier_index import TierIndex
 
 __all__ = [
     "EntryState",
+    "EventLog",
     "IndexConfig",
     "IndexStateError",
     "IndexStats",

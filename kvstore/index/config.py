@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kvstore.errors import ConfigError
 from kvstore.policies import POLICY_NAMES
 
-__all__ = ["WRITE_POLICIES", "IndexConfig"]
+__all__ = ["WRITE_POLICIES", "IndexConfig", "write_policy_problem"]
 
 WRITE_POLICIES: tuple[str, ...] = ("write_through",)
 """The write policies the index implements."""
@@ -17,6 +17,15 @@ _WRITE_BACK_REASON = (
     "their disk write completes, so stores would stall on disk I/O; write_through makes CPU "
     "eviction free instead. Allowed: 'write_through'"
 )
+
+
+def write_policy_problem(name: str) -> str | None:
+    """Why `name` is not a write policy the index implements (None if it is one)."""
+    if name == "write_back":
+        return _WRITE_BACK_REASON
+    if name not in WRITE_POLICIES:
+        return f"write_policy {name!r} is unknown; allowed: 'write_through'"
+    return None
 
 
 def _check_int(name: str, value: int, minimum: int, hint: str = "") -> None:
@@ -66,12 +75,9 @@ class IndexConfig:
         ):
             if policy not in POLICY_NAMES:
                 raise ConfigError(f"{field_name} {policy!r} is unknown; allowed: {allowed}")
-        if self.write_policy == "write_back":
-            raise ConfigError(_WRITE_BACK_REASON)
-        if self.write_policy not in WRITE_POLICIES:
-            raise ConfigError(
-                f"write_policy {self.write_policy!r} is unknown; allowed: 'write_through'"
-            )
+        problem = write_policy_problem(self.write_policy)
+        if problem is not None:
+            raise ConfigError(problem)
         _check_int("admission_min_sightings", self.admission_min_sightings, 1, " (1 = off)")
 
     @property

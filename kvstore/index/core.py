@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence, Set
 
 from kvstore.index.admission import SightingCounter
 from kvstore.index.config import IndexConfig
-from kvstore.index.disk import DiskIndex, EventLog
+from kvstore.index.disk import DiskIndex
+from kvstore.index.event_log import EventLog
 from kvstore.index.table import READY, CPUTable, DiskTable, Entry
 from kvstore.keys import BlockKey, Tier
 from kvstore.policies import make_policy

@@ -12,49 +12,17 @@ Threading: NOT thread-safe and does no I/O; one owner thread calls everything.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 
-from kvstore.events import ChunkStored, TierEvent
-from kvstore.index.emit import removed_event, stored_events
+from kvstore.index.event_log import EventLog
 from kvstore.index.plans import SeedEntry
 from kvstore.index.table import REMOVING, STORING, DiskTable, Entry
 from kvstore.keys import BlockKey, Tier, short_hex
-from kvstore.metrics import Occupancy
+from kvstore.occupancy import Occupancy
 from kvstore.policies import make_policy
 
-__all__ = ["DiskCandidate", "DiskIndex", "DiskReservation", "EventLog"]
-
-
-class EventLog:
-    """The placement events of one owner, oldest first (`take` swaps the list)."""
-
-    def __init__(self, num_tokens_per_chunk: int, clock: Callable[[], float] = time.time) -> None:
-        self._num_tokens_per_chunk = num_tokens_per_chunk
-        self._clock = clock
-        self._events: list[TierEvent] = []
-
-    def stored(self, tier: Tier, entries: Sequence[Entry]) -> None:
-        if entries:
-            self._events.extend(
-                stored_events(tier, entries, self._num_tokens_per_chunk, self._clock())
-            )
-
-    def stored_keys(self, tier: Tier, keys: Sequence[BlockKey]) -> None:
-        """Chunks became ready in `tier` with no lineage known (e.g. the remote tier)."""
-        if keys:
-            self._events.append(
-                ChunkStored(tier, tuple(keys), self._num_tokens_per_chunk, self._clock())
-            )
-
-    def removed(self, tier: Tier, keys: Sequence[BlockKey], reason: str) -> None:
-        if keys:
-            self._events.append(removed_event(tier, keys, self._clock(), reason))
-
-    def take(self) -> list[TierEvent]:
-        events, self._events = self._events, []
-        return events
+__all__ = ["DiskCandidate", "DiskIndex", "DiskReservation"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from kvstore.metrics.labels import (
     TransferResult,
 )
 from kvstore.metrics.stats import DirectionStats, TransferStats, TransferStatsAccumulator
+from kvstore.occupancy import Occupancy
 from tiers.store import BlockStore
 
 __all__ = [
@@ -44,17 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Occupancy:
-    """How full a tier is. Rows are the CPU region's fixed-size slots (None for disk)."""
-
-    used_bytes: int = 0
-    capacity_bytes: int = 0
-    num_entries: int = 0
-    used_rows: int | None = None
-    capacity_rows: int | None = None
 
 
 OccupancySource = Callable[[], Occupancy]

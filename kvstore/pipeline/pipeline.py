@@ -21,7 +21,7 @@ from typing import Protocol
 
 from kvstore.events import TierEvent
 from kvstore.index import TierIndex
-from kvstore.index.disk import EventLog
+from kvstore.index.event_log import EventLog
 from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
 from kvstore.pipeline.remote import RemoteSteps

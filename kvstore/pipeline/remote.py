@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvstore.index import TierIndex
-from kvstore.index.disk import EventLog
+from kvstore.index.event_log import EventLog
 from kvstore.keys import BlockKey, Tier
 from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, RemoteWriteDone
 from kvstore.service.remote_io import RemoteIO

@@ -36,7 +36,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.events import ChunkRemoved, TierEvent
-from kvstore.index.disk import DiskCandidate, EventLog
+from kvstore.index.disk import DiskCandidate
+from kvstore.index.event_log import EventLog
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import KVStoreMetrics, MetricsServer, start_metrics_server, store_snapshot
 from kvstore.namespace import NamespaceDescriptor, namespace_id

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 
 from kvstore.errors import ConfigError
-from kvstore.index.disk import DiskIndex, EventLog
+from kvstore.index.disk import DiskIndex
+from kvstore.index.event_log import EventLog
 from kvstore.index.plans import SeedEntry
 from kvstore.keys import BlockKey
 from kvstore.namespace import NamespaceDescriptor, namespace_id

@@ -43,3 +43,14 @@ def test_defaults_have_no_disk_and_no_admission_filter() -> None:
 def test_bad_values_are_named(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config(**overrides)
+
+
+@pytest.mark.parametrize("name", ["write_back", "sometimes"])
+def test_the_connector_config_refuses_a_write_policy_as_the_index_does(name: str) -> None:
+    from kvstore.config import KVStoreConfig
+
+    with pytest.raises(ConfigError) as by_index:
+        config(write_policy=name)
+    with pytest.raises(ConfigError) as by_connector:
+        KVStoreConfig.from_extra_config({"write_policy": name})
+    assert str(by_index.value) in str(by_connector.value)

@@ -4,7 +4,8 @@ protected keys, seeding, events. Ported from the tests of LMDBTier's former `Dis
 from __future__ import annotations
 
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
-from kvstore.index.disk import DiskCandidate, DiskIndex, DiskReservation, EventLog
+from kvstore.index.disk import DiskCandidate, DiskIndex, DiskReservation
+from kvstore.index.event_log import EventLog
 from kvstore.index.plans import SeedEntry
 from kvstore.keys import BlockKey
 
