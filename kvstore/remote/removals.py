@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ from kvstore.keys import BlockKey
 from kvstore.remote import codec
 from kvstore.remote._backends import NodeAddress, node_client
 from kvstore.remote.client import RemoteStore
+from kvstore.tasks import OwnedTasks
 
 __all__ = ["EVENTS", "REQUIRED_FLAGS", "RemovalSink", "RemovalWatcher"]
 
@@ -80,16 +82,10 @@ class _Listener:
         self._has_subscribed_before = False
         self._has_warned_config = False
         self._is_down_logged = False
-        self.task = asyncio.create_task(self._run(), name=f"kvstore-remote-removals-{node.name}")
-        self.task.add_done_callback(self._done)
+        self.task = watcher.tasks.spawn(self._run(), name=node.name, on_death=self._died)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            logger.error(
-                "remote removals listener for %s died: %r; removals from it are no longer reported",
-                self.node.name,
-                task.exception(),
-            )
+    def _died(self, exc: BaseException) -> None:
+        logger.error("remote removals from %s are no longer reported", self.node.name)
 
     async def _run(self) -> None:
         config = self.watcher.store.config
@@ -205,6 +201,7 @@ class RemovalWatcher:
         self.stop_event = asyncio.Event()
         self.num_removed = 0
         self._listeners: dict[str, _Listener] = {}
+        self.tasks = OwnedTasks("remote-removals")
         self._supervisor: asyncio.Task[None] | None = None
         self._followed = asyncio.Event()
 
@@ -216,9 +213,7 @@ class RemovalWatcher:
         """Start watching; True once every master is subscribed, False if that did not happen
         within `timeout_s` (default: the store's timeout). It keeps trying either way."""
         if self._supervisor is None:
-            self._supervisor = asyncio.create_task(
-                self._supervise(), name="kvstore-remote-removals"
-            )
+            self._supervisor = self.tasks.spawn(self._supervise(), name="supervisor")
         wait_s = self.store.config.timeout_s if timeout_s is None else timeout_s
         try:
             async with asyncio.timeout(wait_s):
@@ -237,7 +232,9 @@ class RemovalWatcher:
 
     def _follow(self, masters: dict[str, NodeAddress]) -> None:
         for name in set(self._listeners) - set(masters):
-            self._listeners.pop(name).task.cancel()
+            task = self._listeners.pop(name).task
+            if task is not None:
+                task.cancel()
         for name, node in masters.items():
             if name not in self._listeners:
                 self._listeners[name] = _Listener(self, node)
@@ -260,21 +257,11 @@ class RemovalWatcher:
                 logger.exception("remote removals: the sink failed on %d keys", len(keys))
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the supervisor and every listener, and close their connections."""
+        """Stop the supervisor and every listener (they only wait on sockets: cancelling is the
+        quick way out), closing their connections."""
         self.stop_event.set()
-        tasks = [lis.task for lis in self._listeners.values()]
-        if self._supervisor is not None:
-            tasks.append(self._supervisor)
         self._listeners.clear()
-        if not tasks:
-            return
-        for task in tasks:  # they only wait on sockets: cancelling is the quick way out
-            task.cancel()
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        if pending:
-            logger.warning(
-                "remote removals: %d task(s) did not stop in %s s", len(pending), timeout_s
-            )
+        await self.tasks.close(time.monotonic() + timeout_s)
 
     async def __aenter__(self) -> RemovalWatcher:
         await self.start()

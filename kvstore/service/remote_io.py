@@ -11,7 +11,6 @@ failure for its work, so rows are unpinned and holds released).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
@@ -31,6 +30,7 @@ from kvstore.service.completions import (
 )
 from kvstore.service.disk_io import RowBuffers
 from kvstore.service.loop import LoopThread
+from kvstore.tasks import OwnedTasks
 
 __all__ = ["RemoteIO"]
 
@@ -59,7 +59,7 @@ class RemoteIO:
         self._lock = threading.Lock()
         self._num_queued_chunks = 0
         self._watcher: RemovalWatcher | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks("remote")
         self._is_closing = False
 
     @property
@@ -86,9 +86,7 @@ class RemoteIO:
 
     async def close(self, deadline_s: float) -> None:
         self._is_closing = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close(deadline_s)
         left = max(0.1, deadline_s - time.monotonic())
         if self._watcher is not None:
             await self._watcher.close(timeout_s=left)
@@ -134,18 +132,13 @@ class RemoteIO:
             return
         self._loop_thread.call_soon(self._spawn, coro, on_death, num_chunks)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], on_death: Any, num_chunks: int) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._tasks.discard(finished)
-            if finished.cancelled() or finished.exception() is not None:
-                if not finished.cancelled():
-                    logger.error("kvstore remote task died: %r", finished.exception())
-                self._post(on_death, num_chunks)
-
-        task.add_done_callback(done)
+    def _spawn(
+        self, coro: Coroutine[Any, Any, None], on_death: RemoteCompletion, num_chunks: int
+    ) -> None:
+        self._tasks.spawn(
+            coro, name=type(on_death).__name__, is_failed_if_cancelled=True,
+            on_death=lambda exc: self._post(on_death, num_chunks),
+        )  # fmt: skip
 
     def _post(self, completion: RemoteCompletion, num_chunks: int = 0) -> None:
         if num_chunks:

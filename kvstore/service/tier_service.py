@@ -25,9 +25,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from kvstore.events import TierEvent
 from kvstore.keys import BlockKey, Tier
@@ -38,6 +38,7 @@ from kvstore.service.disk_io import DiskIO, IOReport, RowBuffers
 from kvstore.service.executors import DaemonExecutor
 from kvstore.service.loop import LoopThread
 from kvstore.service.remote_io import RemoteIO
+from kvstore.tasks import OwnedTasks
 
 __all__ = ["EventPublisher", "TierService"]
 
@@ -99,7 +100,6 @@ class TierService:
         self._count_lock = threading.Lock()
         self._num_queued_chunks = 0
         self._num_inflight_promotions = 0
-        self._num_restarts = 0
         self._is_disk_up = disk is not None
         self._is_closing = False
         self._is_closed = False
@@ -109,7 +109,7 @@ class TierService:
         self._writing: _WriteJob | None = None  # the batch the write loop holds
         self._idle: asyncio.Event  # set while no write-through is queued or being written
         self._touched: set[BlockKey] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks("disk", max_restarts=_MAX_RESTARTS, on_give_up=self._disk_down)
 
     def _make_remote(
         self, remote: RemoteChunks | None, rows: RowBuffers | None, max_queued_chunks: int
@@ -140,26 +140,19 @@ class TierService:
         if self._publisher is not None:
             await self._publisher.start()
         if self._disk is not None:
-            self._spawn(self._write_loop(), self._on_writer_died)
-            self._spawn(self._touch_loop(), self._on_toucher_died)
+            self._spawn_writer()
+            self._tasks.spawn(
+                self._touch_loop(), name="toucher", on_death=self._on_toucher_died,
+                restart=self._touch_loop,
+            )  # fmt: skip
         if self._remote is not None:
             await self._remote.start()
 
-    def _spawn(
-        self, coro: Coroutine[Any, Any, Any], on_death: Callable[[BaseException], None] | None
-    ) -> asyncio.Task[Any]:
-        """Run `coro` as an owned task: `on_death(exc)` runs if it raises."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-
-        def done(finished: asyncio.Task[Any]) -> None:
-            self._tasks.discard(finished)
-            if finished.cancelled() or finished.exception() is None or on_death is None:
-                return
-            on_death(finished.exception() or RuntimeError("task died"))
-
-        task.add_done_callback(done)
-        return task
+    def _spawn_writer(self) -> None:
+        self._tasks.spawn(
+            self._write_loop(), name="writer", on_death=self._on_writer_died,
+            restart=self._write_loop,
+        )  # fmt: skip
 
     @property
     def has_disk(self) -> bool:
@@ -223,9 +216,7 @@ class TierService:
         # 2. final touch flush, then cancel the background tasks
         if self._is_disk_up:
             await self._flush_touches()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close(deadline_s)
         # 3. the remote tier's tasks, subscriptions and connections
         if self._remote is not None:
             await self._remote.close(deadline_s)
@@ -362,8 +353,8 @@ class TierService:
             )
 
     def _on_writer_died(self, exc: BaseException) -> None:
-        """Fail the batch in hand and everything queued, then restart or mark the disk down."""
-        logger.error("kvstore disk writer task died: %r", exc, exc_info=exc)
+        """Fail the batch in hand and everything queued (the tasks then restart the writer, or
+        give up and mark the disk down)."""
         failed = [self._writing] if self._writing is not None else []
         self._writing = None
         failed += self._write_queue
@@ -373,33 +364,24 @@ class TierService:
                 self._finish_write(job, WriteDone(ok=(), failed=tuple(k for k, _ in job.items)))
                 self._record_drop(len(job.items), "tier_down")
         self._idle.set()
-        if self._restart():
-            self._spawn(self._write_loop(), self._on_writer_died)
 
-    def _restart(self) -> bool:
-        self._num_restarts += 1
-        if self._num_restarts <= _MAX_RESTARTS and not self._is_closing:
-            logger.warning("kvstore: restarting the disk writer (%d of %d)",
-                           self._num_restarts, _MAX_RESTARTS)  # fmt: skip
-            return True
+    def _disk_down(self) -> None:
+        """The tasks' restart budget is spent: write-throughs are dropped from now on."""
         if self._is_disk_up:
             self._is_disk_up = False
             logger.error("kvstore: disk tier DOWN after %d task failures; write-throughs are "
-                         "dropped until restart", self._num_restarts)  # fmt: skip
+                         "dropped until restart", self._tasks.num_restarts + 1)  # fmt: skip
             if self._metrics is not None:
                 self._metrics.set_tier_up(Tier.DISK, False)
-        return False
 
     # -- promotions and touches (loop thread) -----------------------------------------------
 
     def _start_promotion(self, items: list[tuple[BlockKey, int]], tag: object) -> None:
         failed = PromotionDone(ok=(), failed=tuple(key for key, _ in items), tag=tag)
-
-        def died(exc: BaseException) -> None:
-            logger.error("kvstore promotion task died: %r", exc, exc_info=exc)
-            self._end_promotion(failed)
-
-        self._spawn(self._promote(items, failed), died)
+        self._tasks.spawn(
+            self._promote(items, failed), name="promotion",
+            on_death=lambda exc: self._end_promotion(failed),
+        )  # fmt: skip
 
     async def _promote(self, items: list[tuple[BlockKey, int]], failed: PromotionDone) -> None:
         assert self._disk is not None
@@ -425,11 +407,7 @@ class TierService:
             await self._flush_touches()
 
     def _on_toucher_died(self, exc: BaseException) -> None:
-        logger.error("kvstore touch task died (hit times are not recorded): %r", exc)
-        self._touched.clear()
-        if self._num_restarts < _MAX_RESTARTS and not self._is_closing:
-            self._num_restarts += 1
-            self._spawn(self._touch_loop(), self._on_toucher_died)
+        self._touched.clear()  # these hit times are not recorded
 
     async def _flush_touches(self) -> None:
         if self._disk is None or not self._touched:
