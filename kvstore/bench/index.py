@@ -79,7 +79,8 @@ def build(
         assert plan is not None and plan.num_skipped == 0
         index.complete_store(plan.keys, success=True)
         batches.extend(keys[i : i + 16] for i in range(0, len(keys), 16))
-    index.take_write_through_candidates()
+    write = index.plan_write_through()  # the fill is not what is timed: undo its writes
+    index.complete_write_through(write.keys, False)
     index.take_events()
     return index, batches
 
@@ -118,8 +119,7 @@ def step(index: TierIndex, timings: Timings, keys: list[BlockKey], old: list[Blo
     plan = timings.timed("prepare_store", n, lambda: index.prepare_store(keys))
     assert plan is not None
     timings.timed("complete_store", n, lambda: index.complete_store(keys, success=True))
-    candidates = index.take_write_through_candidates()
-    write = timings.timed("plan_write_through", n, lambda: index.plan_write_through(candidates))
+    write = timings.timed("plan_write_through", n, index.plan_write_through)
     timings.timed("complete_load", len(old), lambda: index.complete_load(old))
     done = write.keys  # type: ignore[attr-defined]
     timings.timed("complete_write_through", n, lambda: index.complete_write_through(done, True))

@@ -146,9 +146,26 @@ class TierIndex(PromotionOps, WriteThroughOps):
 
         Keys not ready in CPU are returned as `missing` (promote them first, or recompute).
         """
+        return self._pin_ready(keys, is_access=True)
+
+    def complete_load(self, keys: Iterable[BlockKey]) -> None:
+        """End a `prepare_load`: unpin the chunks (a discarded one is freed now)."""
+        self._unpin(keys, "complete_load")
+
+    def pin_rows(self, keys: Iterable[BlockKey]) -> LoadPlan:
+        """Pin the rows of chunks ready in CPU while a copy reads them out of kvstore (a write
+        to the remote tier): not an access, so the eviction order stays as it was. Keys not
+        ready are `missing`. Release with `unpin_rows`."""
+        return self._pin_ready(keys, is_access=False)
+
+    def unpin_rows(self, keys: Iterable[BlockKey]) -> None:
+        """End a `pin_rows` (a discarded chunk is freed now)."""
+        self._unpin(keys, "unpin_rows")
+
+    def _pin_ready(self, keys: Iterable[BlockKey], *, is_access: bool) -> LoadPlan:
         cpu = self._cpu
         touch = cpu.policy.touch
-        loaded: list[BlockKey] = []
+        pinned: list[BlockKey] = []
         rows: list[int] = []
         missing: list[BlockKey] = []
         for key in keys:
@@ -157,15 +174,15 @@ class TierIndex(PromotionOps, WriteThroughOps):
                 missing.append(key)
                 continue
             cpu.pin(entry)
-            touch(key)
-            loaded.append(key)
+            if is_access:
+                touch(key)
+            pinned.append(key)
             rows.append(entry.row)
-        return LoadPlan(keys=tuple(loaded), rows=tuple(rows), missing=tuple(missing))
+        return LoadPlan(keys=tuple(pinned), rows=tuple(rows), missing=tuple(missing))
 
-    def complete_load(self, keys: Iterable[BlockKey]) -> None:
-        """End a `prepare_load`: unpin the chunks (a discarded one is freed now)."""
+    def _unpin(self, keys: Iterable[BlockKey], verb: str) -> None:
         cpu = self._cpu
-        entries = [self._pinned_entry(cpu, key, "complete_load") for key in keys]
+        entries = [self._pinned_entry(cpu, key, verb) for key in keys]
         for entry in entries:
             cpu.unpin(entry)
 
@@ -198,13 +215,6 @@ class TierIndex(PromotionOps, WriteThroughOps):
     def take_events(self) -> list[TierEvent]:
         """The events since the last call, oldest first."""
         return self._log.take()
-
-    def take_write_through_candidates(self) -> list[BlockKey]:
-        """Chunks that became ready in CPU and should be written to disk; pass to
-        `plan_write_through` (which re-checks each one)."""
-        candidates = list(self._candidates)
-        self._candidates.clear()
-        return candidates
 
     def stats(self) -> IndexStats:
         return IndexStats(

@@ -17,14 +17,18 @@ __all__ = ["WriteThroughOps"]
 class WriteThroughOps(IndexCore):
     """The disk side of `TierIndex` (see there for the threading contract)."""
 
-    def plan_write_through(self, keys: Iterable[BlockKey]) -> WritePlan:
-        """Reserve disk space for chunks ready in CPU and not on disk, pinning their CPU rows.
+    def plan_write_through(self, keys: Iterable[BlockKey] | None = None) -> WritePlan:
+        """Reserve disk space for chunks ready in CPU and not on disk, pinning their CPU rows:
+        `keys`, or (by default) the chunks that became ready in CPU since the last call.
 
         Evicts unpinned ready disk entries (by the disk policy, by bytes) to make room; they are
         reported removed and listed in `evicted` for the caller to delete. Keys not ready in CPU
         or already on disk are ignored; eligible keys that do not fit are `skipped`.
         """
         disk = self._disk_index
+        if keys is None:
+            keys = list(self._candidates)
+            self._candidates.clear()
         if disk is None:
             return WritePlan()
         cpu = self._cpu

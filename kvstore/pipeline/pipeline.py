@@ -237,10 +237,10 @@ class TierPipeline:
         self._pump_events()
 
     def _write_through(self) -> None:
-        candidates = self._index.take_write_through_candidates()
-        if not candidates or not self._service.has_disk:
+        if not self._service.has_disk:
+            self._index.plan_write_through()  # drops the candidates: no disk to write to
             return
-        plan = self._index.plan_write_through(candidates)
+        plan = self._index.plan_write_through()
         if not plan.keys and not plan.evicted:
             return
         if not self._service.submit_write(list(plan.items()), list(plan.evicted)):

@@ -136,7 +136,7 @@ class RemoteSteps:
     def finish_write(self, done: RemoteWriteDone) -> None:
         keys = [key for key in done.ok + done.failed if key in self._writing]
         self._writing.difference_update(keys)
-        self._index.complete_load(keys)  # unpin the rows read from
+        self._index.unpin_rows(keys)
         self._log.stored_keys(Tier.REMOTE, done.ok)
 
     def removed(self, done: RemoteRemoved) -> None:
@@ -149,13 +149,13 @@ class RemoteSteps:
         wanted = [key for key in keys if key not in self._writing]
         if not wanted:
             return
-        plan = self._index.prepare_load(wanted)  # pins the rows while they are read
+        plan = self._index.pin_rows(wanted)  # while the write reads them
         if not plan.keys:
             return
         if self._io.submit_write(list(plan.items())):
             self._writing.update(plan.keys)
         else:
-            self._index.complete_load(plan.keys)
+            self._index.unpin_rows(plan.keys)
 
 
 def _leading_found(keys: Sequence[BlockKey], found: dict[BlockKey, bool]) -> int:

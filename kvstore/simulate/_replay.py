@@ -101,7 +101,7 @@ def _store(
             index.complete_store(plan.keys, success=True)
             counts["num_stored_chunks"] += len(plan.keys)
             stored = plan.keys
-    write = index.plan_write_through(index.take_write_through_candidates())
+    write = index.plan_write_through()
     index.complete_write_through(write.keys, success=True)
     counts["num_written_chunks"] += len(write.keys)
     return stored

@@ -48,7 +48,7 @@ def store(index: TierIndex, keys: list[BlockKey]) -> None:
 
 
 def write_through(index: TierIndex) -> list[BlockKey]:
-    plan = index.plan_write_through(index.take_write_through_candidates())
+    plan = index.plan_write_through()
     index.complete_write_through(plan.keys, success=True)
     return list(plan.keys)
 
@@ -78,3 +78,10 @@ def replay(
                     raise ContractViolation(f"{key.hex()} removed from {event.tier} unreported")
                 present.remove(key)
     return members
+
+
+def take_candidates(index: TierIndex) -> list[BlockKey]:
+    """The chunks `plan_write_through()` would write now (planned, then abandoned)."""
+    plan = index.plan_write_through()
+    index.complete_write_through(plan.keys, False)
+    return list(plan.keys)

@@ -8,17 +8,17 @@ from kvstore.events import ChunkRemoved, ChunkStored
 from kvstore.index import IndexStateError, SeedEntry
 from kvstore.keys import Tier
 
-from .helpers import CHUNK_BYTES, k, ks, make_index, replay, store, write_through
+from .helpers import CHUNK_BYTES, k, ks, make_index, replay, store, take_candidates, write_through
 
 
 def test_ready_cpu_chunks_become_write_through_candidates() -> None:
     index = make_index(num_disk_chunks=4)
     plan = index.prepare_store(ks(1, 2), token_ids=list(range(8)), parent_key=k(0))
     assert plan is not None
-    assert index.take_write_through_candidates() == []
+    assert take_candidates(index) == []
     index.complete_store(plan.keys, success=True)
-    assert index.take_write_through_candidates() == ks(1, 2)
-    assert index.take_write_through_candidates() == []
+    assert take_candidates(index) == ks(1, 2)
+    assert take_candidates(index) == []
 
 
 def test_write_through_pins_rows_then_reports_disk_stored() -> None:
@@ -27,7 +27,7 @@ def test_write_through_pins_rows_then_reports_disk_stored() -> None:
     assert plan is not None
     index.complete_store(plan.keys, success=True)
     index.take_events()
-    write = index.plan_write_through(index.take_write_through_candidates())
+    write = index.plan_write_through()
     assert write.keys == tuple(ks(1, 2)) and write.rows == plan.rows and write.evicted == ()
     assert index.stats().cpu.num_pinned == 2
     assert index.prepare_store(ks(3)) is None  # both rows pinned by the write
@@ -69,7 +69,7 @@ def test_full_disk_evicts_by_bytes_and_reports_victims() -> None:
     index.touch(ks(1))
     store(index, ks(3))
     index.take_events()
-    write = index.plan_write_through(index.take_write_through_candidates())
+    write = index.plan_write_through()
     assert write.keys == (k(3),) and write.evicted == (k(2),)
     [event] = index.take_events()
     assert isinstance(event, ChunkRemoved) and event.tier is Tier.DISK and event.keys == (k(2),)
@@ -88,7 +88,7 @@ def test_write_through_skips_what_cannot_fit() -> None:
 def test_write_through_without_disk_tier_is_empty() -> None:
     index = make_index()
     store(index, ks(1))
-    assert index.take_write_through_candidates() == []
+    assert take_candidates(index) == []
     assert index.plan_write_through(ks(1)).keys == ()
 
 
@@ -229,12 +229,12 @@ def test_admission_filter_writes_only_after_enough_sightings() -> None:
     index = make_index(num_disk_chunks=4, admission_min_sightings=2)
     index.lookup(ks(1, 2))
     store(index, ks(1, 2))
-    assert index.take_write_through_candidates() == []
+    assert take_candidates(index) == []
     index.lookup(ks(1))
-    assert index.take_write_through_candidates() == [k(1)]
+    assert take_candidates(index) == [k(1)]
     index.lookup(ks(1))  # a third sighting does not make it a candidate again
-    assert index.take_write_through_candidates() == []
+    assert take_candidates(index) == []
     index.lookup(ks(3))
     index.lookup(ks(3))
     store(index, ks(3))
-    assert index.take_write_through_candidates() == [k(3)]
+    assert take_candidates(index) == [k(3)]

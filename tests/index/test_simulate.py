@@ -178,7 +178,7 @@ def hand_replay(trace: list[list[int]], config: IndexConfig) -> dict[str, int]:
             if plan is not None:
                 index.complete_store(plan.keys, success=True)
                 counts["stored"] += len(plan.keys)
-        write = index.plan_write_through(index.take_write_through_candidates())
+        write = index.plan_write_through()
         index.complete_write_through(write.keys, success=True)
         counts["written"] += len(write.keys)
         for event in index.take_events():

@@ -115,7 +115,7 @@ class IndexMachine(RuleBasedStateMachine):
         plan = self.index.prepare_store(keys)
         if plan is not None:
             self.index.complete_store(plan.keys, success=True)
-        write = self.index.plan_write_through(self.index.take_write_through_candidates())
+        write = self.index.plan_write_through()
         self.index.complete_write_through(write.keys, success=True)
 
     @rule(keys=key_lists, with_tokens=st.booleans())
@@ -142,9 +142,7 @@ class IndexMachine(RuleBasedStateMachine):
 
     @rule(keys=key_lists, use_candidates=st.booleans())
     def plan_write_through(self, keys: list[BlockKey], use_candidates: bool) -> None:
-        if use_candidates:
-            keys = self.index.take_write_through_candidates()
-        plan = self.index.plan_write_through(keys)
+        plan = self.index.plan_write_through(None if use_candidates else keys)
         assert not set(plan.evicted) & self.promoting
         for key in plan.keys:
             assert self.index.state_of(Tier.CPU, key) is EntryState.READY

@@ -44,7 +44,7 @@ def test_storing_chunks_are_not_hits() -> None:
 def test_lookup_prefers_cpu_and_falls_back_to_disk() -> None:
     index = make_index(num_cpu_rows=4, num_disk_chunks=8)
     store(index, ks(1, 2))
-    index.plan_write_through(index.take_write_through_candidates())
+    index.plan_write_through()
     index.complete_write_through(ks(1, 2), success=True)
     store(index, ks(3, 4, 5, 6))  # evicts 1, 2 from CPU; they stay on disk
     result = index.lookup(ks(1, 2, 3, 4))
@@ -57,7 +57,7 @@ def test_lookup_prefers_cpu_and_falls_back_to_disk() -> None:
 def test_lookup_stops_where_disk_hits_could_not_be_promoted() -> None:
     index = make_index(num_cpu_rows=2, num_disk_chunks=8)
     store(index, ks(1, 2))
-    write = index.plan_write_through(index.take_write_through_candidates())
+    write = index.plan_write_through()
     index.complete_write_through(write.keys, success=True)
     store(index, ks(3, 4))
     index.prepare_load(ks(3))  # pins one row; one row (4) is still evictable
@@ -255,3 +255,30 @@ def test_stats_and_ready_keys() -> None:
     assert stats.num_write_through_candidates == 2
     assert index.ready_keys(Tier.CPU) == frozenset(ks(1, 2))
     assert index.ready_keys(Tier.DISK) == frozenset()
+
+
+# pin_rows (a remote write reads the rows; not an access)
+
+
+@pytest.mark.parametrize(("verb", "evicted"), [("pin_rows", 1), ("prepare_load", 2)])
+def test_pinning_rows_for_a_remote_write_leaves_the_eviction_order_alone(
+    verb: str, evicted: int
+) -> None:
+    index = make_index(num_cpu_rows=2)
+    store(index, ks(1))
+    store(index, ks(2))
+    plan = getattr(index, verb)(ks(1))
+    assert plan.keys == (k(1),) and plan.missing == ()
+    (index.unpin_rows if verb == "pin_rows" else index.complete_load)(ks(1))
+    index.take_events()
+    store(index, ks(3))
+    removed = [e for e in index.take_events() if isinstance(e, ChunkRemoved)]
+    assert [key for e in removed for key in e.keys] == [k(evicted)]
+    check(index)
+
+
+def test_unpin_rows_refuses_a_chunk_it_did_not_pin() -> None:
+    index = make_index()
+    store(index, ks(1))
+    with pytest.raises(IndexStateError, match="unpin_rows"):
+        index.unpin_rows(ks(1))
