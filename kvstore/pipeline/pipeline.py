@@ -31,11 +31,12 @@ from kvstore.service import (
     RemoteProbeDone,
     RemoteRemoved,
     RemoteWriteDone,
-    TierService,
     WriteDone,
 )
+from kvstore.service.completions import Completion
+from kvstore.service.remote_io import RemoteIO
 
-__all__ = ["LookupAnswer", "PipelineObserver", "TierPipeline"]
+__all__ = ["LookupAnswer", "PipelineObserver", "PipelineService", "TierPipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,31 @@ class PipelineObserver(Protocol):
     def record_load_failure(self, num_chunks: int) -> None: ...
 
     def record_events(self, events: Sequence[TierEvent]) -> None: ...
+
+
+class PipelineService(Protocol):
+    """The I/O the pipeline asks for (`kvstore.service.TierService` on threads,
+    `kvstore.service.inline.InlineTierService` on the caller's thread)."""
+
+    @property
+    def has_disk(self) -> bool: ...
+
+    @property
+    def remote(self) -> RemoteIO | None: ...
+
+    def submit_write(
+        self, items: Sequence[tuple[BlockKey, int]], victims: Sequence[BlockKey]
+    ) -> bool: ...
+
+    def submit_promotion(
+        self, items: Sequence[tuple[BlockKey, int]], tag: object = None
+    ) -> bool: ...
+
+    def submit_touch(self, keys: Sequence[BlockKey]) -> None: ...
+
+    def publish(self, events: Sequence[TierEvent]) -> None: ...
+
+    def drain_completions(self) -> list[Completion]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +110,7 @@ class TierPipeline:
     def __init__(
         self,
         index: TierIndex,
-        service: TierService,
+        service: PipelineService,
         observers: Sequence[PipelineObserver] = (),
         *,
         num_tokens_per_chunk: int,
@@ -117,16 +143,17 @@ class TierPipeline:
     ) -> LookupAnswer:
         """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
         promoted first (the answer is pending until they land). `skip_tokens` of the first
-        chunk are the requester's own (not counted as served). Holds the hits until
-        `prepare_load` or `release`."""
+        chunk are the requester's own (not counted as served). While a promotion runs, and
+        once it landed, the prefix is held until `prepare_load` or `release`; a CPU-only hit is
+        not held (one evicted before its load is `missing` there, and recomputed)."""
         self.poll()
         state = self._owners.setdefault(owner, _Owner())
         if state.promoting:
             return _PENDING
         self._release_holds(state)  # asked again: start from a clean slate
         result = self._index.lookup(keys)
-        if any(key in self._promoted_by for key in result.keys):
-            return _PENDING  # another requester is promoting part of this prefix
+        if result.num_hits < len(keys) and keys[result.num_hits] in self._promoted_by:
+            return _PENDING  # another requester is promoting the rest of this prefix
         num_hits = result.num_hits
         if result.num_disk_hits:
             if self._start_promotion(owner, state, result.keys):
