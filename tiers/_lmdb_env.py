@@ -372,7 +372,7 @@ def _checked_data_file(path: Path, *, readonly: bool) -> int:
     except OSError as exc:
         raise TierConfigError(f"cannot open LMDB store {path}: {exc}") from exc
     problem = problem_before_open(fd)
-    if problem and (readonly or os.fstat(fd).st_size > 0):  # LMDB makes an empty file anew
+    if problem:  # an empty file too: LMDB would make a new store over it, for writers only
         os.close(fd)
         raise StoreDamagedError(
             f"store {path} cannot be opened: {problem}; move it aside (the engine then starts "

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from reliability.isolation import in_child
 from reliability.lmdb_churn import churn
-from tiers import LMDBOptions
+from tiers import LMDBOptions, StoreDamagedError
 from tiers._lmdb_env import SharedEnv
 from tiers._lmdb_filecheck import DataFileCheck, problem_before_open
 from tiers._lmdb_pages import first_page_in_use_past_end, newest_meta
@@ -247,3 +247,17 @@ def test_a_cut_under_the_open_store_is_refused_on_the_next_read(tmp_path: Path) 
     result = in_child(run, timeout_s=60)
     assert result.returned, result.describe()  # no SIGBUS
     assert result.value.startswith("StoreIOError") and "truncated" in result.value
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_an_empty_data_file_is_refused_for_reading_and_for_writing(
+    tmp_path: Path, readonly: bool
+) -> None:
+    """The engine (a writer) and the CLI (a reader) give one answer: LMDB would silently make a
+    new store over a zero-byte file for a writer, hiding that the old one is gone."""
+    with _store(tmp_path / "s"):
+        pass
+    os.truncate(tmp_path / "s" / "data.mdb", 0)
+    with pytest.raises(StoreDamagedError, match=r"empty \(0 bytes\)"):
+        LMDBStore.open(tmp_path / "s", readonly=readonly, capacity_bytes=1 << 20)
+    assert (tmp_path / "s" / "data.mdb").stat().st_size == 0  # left as it was found
