@@ -16,7 +16,7 @@
 - **kvstore's log records through vLLM's handlers.** vLLM configures only its own `vllm` logger
   (propagate off); kvstore logs under `kvstore.*` and `tiers.*`, which would reach no handler:
   INFO lines vanish, warnings print bare. `route_logs_to_vllm` gives those two loggers vLLM's
-  handlers and level, unless the application configured logging itself.
+  handlers and level (`tiers` from WARNING up), unless the application configured logging.
 - **One start-up line** (`startup_line`): tiers, sizes, chunk tokens, chunks servable after a
   restart, the metrics URL.
 """
@@ -37,7 +37,9 @@ __all__ = ["check_config_being_built", "route_logs_to_vllm", "startup_line"]
 CONNECTOR_NAME = "KVStoreConnector"
 MODULE_PATH = "kvstore.vllm"
 _MAX_FRAMES = 64  # vLLM's config construction sits well within this many frames of the import
-_OUR_LOGGERS = ("kvstore", "tiers")
+# kvstore's INFO lines are few (the start-up line, rare events); the storage media's are
+# details of the start (region and store created), so only their warnings go to vLLM's log.
+_OUR_LOGGERS = {"kvstore": logging.NOTSET, "tiers": logging.WARNING}
 
 
 def check_config_being_built(frame: FrameType | None = None) -> None:
@@ -76,13 +78,13 @@ def route_logs_to_vllm() -> None:
     vllm_logger = logging.getLogger("vllm")
     if not vllm_logger.handlers or logging.getLogger().handlers:
         return
-    for name in _OUR_LOGGERS:
+    for name, least_level in _OUR_LOGGERS.items():
         ours = logging.getLogger(name)
         if ours.handlers:
             continue
         for handler in vllm_logger.handlers:
             ours.addHandler(handler)
-        ours.setLevel(vllm_logger.getEffectiveLevel())
+        ours.setLevel(max(vllm_logger.getEffectiveLevel(), least_level))
         ours.propagate = False
 
 

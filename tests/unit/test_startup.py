@@ -83,6 +83,7 @@ def test_kvstore_info_lines_reach_vllms_handler() -> None:
     route_logs_to_vllm()
     route_logs_to_vllm()  # idempotent: one handler, one record
     logging.getLogger("kvstore.vllm.runtime").info("kvstore: hello")
+    logging.getLogger("tiers.cpu").info("tiers: created a region")  # a detail: not shown
     logging.getLogger("tiers.cpu").warning("tiers: careful")
     assert [r.getMessage() for r in vllm_handler.records] == ["kvstore: hello", "tiers: careful"]
 
