@@ -30,6 +30,7 @@ def test_every_block_says_what_it_is_and_its_configs_are_valid() -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(2400)  # four engine starts and the demo's two runs: ~6 min on 2 idle cores
 def test_readme_runs_as_written(
     wheel_venv: tuple[WheelVenv, set[str]], tiny_model_with_tokenizer: Path, tmp_path: Path
 ) -> None:
@@ -39,6 +40,8 @@ def test_readme_runs_as_written(
     shutil.copytree(REPO / "grafana", home / "grafana")  # "from this repository's root"
     env = venv.env(MODEL=str(tiny_model_with_tokenizer), HOME=str(home), HF_HUB_OFFLINE="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # tests/conftest.py's; a user has vLLM's own
+    for program in ("python", "pip"):  # the user's, never the project venv's
+        assert shutil.which(program, path=env["PATH"]) == str(venv.bin / program), program
     runner = BlockRunner(cwd=home, env=env)
     blocks = parse_blocks(README.read_text())
     try:

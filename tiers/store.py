@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import msgspec
 import xxhash
@@ -234,7 +234,7 @@ def writable_view(out: WritableBuffer) -> memoryview:
         if not out.flags.c_contiguous:
             raise TierConfigError("out array must be C-contiguous")
         out = out.data
-    view = memoryview(out)
+    view = memoryview(cast(Any, out))  # a tensor or array became its buffer above
     if view.readonly:
         raise TierConfigError("out buffer is read-only; pass a bytearray, memoryview or tensor")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view

