@@ -36,7 +36,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 __all__ = ["Block", "BlockRunner", "parse_blocks", "validate_transfer_configs"]
 
@@ -262,6 +261,3 @@ class BlockRunner:
             path = self.cwd / f"background_{block.line}.log"
             self.logs[block.line] = path.read_text(errors="replace")
         self.background.clear()
-
-    def summary(self) -> dict[str, Any]:
-        return {"ran": self.ran, "not_run": self.not_run}
