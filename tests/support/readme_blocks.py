@@ -33,9 +33,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Block", "BlockRunner", "parse_blocks", "validate_transfer_configs"]
 
@@ -83,9 +84,32 @@ def parse_blocks(readme: str) -> list[Block]:
     return blocks
 
 
+@contextmanager
+def _password_variables(extra: Mapping[str, Any]) -> Iterator[None]:
+    """Set the variables a config names (`remote_password_env`): kvstore checks that they are
+    set, and the README's reader sets them; their content is never read here."""
+    names = [v for k, v in extra.items() if k.endswith("_env") and isinstance(v, str)]
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: "set-by-the-readme-test" for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def validate_extra_config(extra: Mapping[str, Any]) -> None:
+    from kvstore.config import KVStoreConfig
+
+    with _password_variables(extra):
+        KVStoreConfig.from_extra_config(extra)
+
+
 def validate_transfer_configs(text: str) -> int:
     """Parse and validate every `--kv-transfer-config '...'` in `text`; how many there were."""
-    from kvstore.config import KVStoreConfig
     from kvstore.vllm.lmdb_tier_options import LMDBTierOptions
 
     configs = [json.loads(raw) for raw in _TRANSFER_CONFIG.findall(text)]
@@ -94,7 +118,7 @@ def validate_transfer_configs(text: str) -> int:
         if config["kv_connector"] == "KVStoreConnector":
             assert config["kv_connector_module_path"] == "kvstore.vllm"
             if "cpu_byte" not in extra:  # the README's deliberate typo
-                KVStoreConfig.from_extra_config(extra)
+                validate_extra_config(extra)
         for tier in extra.get("secondary_tiers", []):
             if tier.get("type") == "LMDBTier":
                 assert tier["module_path"] == "kvstore.vllm"
@@ -155,11 +179,9 @@ class BlockRunner:
         )
 
     def _run_json(self, block: Block) -> None:
-        from kvstore.config import KVStoreConfig
-
         document = json.loads(block.text)
         if "cpu_bytes" in document or "disk_path" in document:
-            KVStoreConfig.from_extra_config(document)
+            validate_extra_config(document)
         self.ran.append(block.where())
 
     def _run_python(self, block: Block) -> None:
