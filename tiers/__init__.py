@@ -12,10 +12,10 @@ Synchronous code only; this package imports neither `kvstore`, `asyncio` nor `vl
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from tiers._lmdb_env import LMDBOptions
     from tiers.cpu import DEFAULT_REGION_DIRECTORY, CPURegion, RegionHeader, reclaim_stale_regions
     from tiers.errors import (
@@ -66,11 +66,11 @@ _SOURCES = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _SOURCES.get(name)
     if module is None:
         raise AttributeError(f"module 'tiers' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    return getattr(_importlib.import_module(module), name)
 
 
 __all__ = [

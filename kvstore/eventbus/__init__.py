@@ -8,10 +8,10 @@ errors = await bus.close(deadline_s=5.0)
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from kvstore.eventbus.bus import EventBus, SinkStats
     from kvstore.eventbus.jsonl import JSONLSink, event_to_json
     from kvstore.eventbus.memory import MemorySink
@@ -49,11 +49,11 @@ _SOURCES = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _SOURCES.get(name)
     if module is None:
         raise AttributeError(f"module 'kvstore.eventbus' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    return getattr(_importlib.import_module(module), name)
 
 
 __all__ = [

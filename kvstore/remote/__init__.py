@@ -10,10 +10,10 @@ Errors are drawn in `kvstore.remote.errors`; the value format in `kvstore.remote
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from kvstore.remote.breaker import BreakerState, CircuitBreaker
     from kvstore.remote.chunks import RemoteChunks
     from kvstore.remote.client import RemoteStore
@@ -58,11 +58,11 @@ _SOURCES = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _SOURCES.get(name)
     if module is None:
         raise AttributeError(f"module 'kvstore.remote' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    return getattr(_importlib.import_module(module), name)
 
 
 __all__ = [
