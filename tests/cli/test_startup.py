@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -56,17 +56,29 @@ def test_store_commands_import_no_heavy_package(built: BuiltStore, command: str)
     assert _heavy_modules_after(command, str(built.path)) == []
 
 
-def test_help_is_fast() -> None:
-    """Issue 21 asks for under 0.5 s; a shared CI machine gets a margin (the figure is printed)."""
+def _cpu_seconds(command: list[str]) -> float:
+    """CPU time (user + system) of one run of `command`: steadier than wall time on a shared
+    machine, where waiting for a core is not the command's cost."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, capture_output=True, check=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_help_costs_little_more_than_typer_itself() -> None:
+    """Issue 21: `kvstore --help` took ~1.6 s (torch); asked for under 0.5 s. What is left is
+    mostly typer and rich (~0.3 s of CPU here); kvstore's own part must stay small."""
     kvstore = Path(sys.executable).with_name("kvstore")
-    command = [str(kvstore)] if kvstore.exists() else [sys.executable, "-m", "kvstore.cli"]
-    timings = []
-    for _ in range(3):
-        started = time.perf_counter()
-        subprocess.run([*command, "--help"], capture_output=True, check=True, timeout=60)
-        timings.append(time.perf_counter() - started)
-    print(f"kvstore --help: best of 3 {min(timings):.2f} s")
-    assert min(timings) < 1.5
+    command = (
+        [str(kvstore)]
+        if kvstore.exists()
+        else [sys.executable, "-c", "from kvstore.cli import main; main()"]
+    )
+    baseline = [sys.executable, "-c", "import typer, typer.rich_utils, rich.console"]
+    ours = min(_cpu_seconds([*command, "--help"]) for _ in range(3))
+    typer_alone = min(_cpu_seconds(baseline) for _ in range(3))
+    print(f"kvstore --help: {ours:.2f} s of CPU; typer and rich alone {typer_alone:.2f} s")
+    assert ours - typer_alone < 0.35
 
 
 def test_flags_show_no_type() -> None:
