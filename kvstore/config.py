@@ -6,6 +6,7 @@ Every bad value fails with a `ConfigError` that names the key and what is allowe
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -110,7 +111,8 @@ class KVStoreConfig:
         unknown = sorted(set(extra) - known, key=repr)
         if unknown:
             raise ConfigError(
-                f"unknown kv_connector_extra_config key(s) {unknown}; allowed: {sorted(known)}"
+                f"unknown kv_connector_extra_config key(s) {unknown}{_did_you_mean(unknown, known)}"
+                f"; allowed: {sorted(known)}"
             )
         values: dict[str, Any] = {}
         for name, value in extra.items():
@@ -146,6 +148,16 @@ class KVStoreConfig:
             "must be >= 0 (0 = no limit)",
         )
         self.remote_config()  # every remote_* key, named in its error
+
+
+def _did_you_mean(unknown: list[Any], known: set[str]) -> str:
+    """`" (did you mean 'cpu_bytes'?)"` for a near miss, else `""`."""
+    guesses = [
+        close[0]
+        for key in unknown
+        if isinstance(key, str) and (close := difflib.get_close_matches(key, known, n=1))
+    ]
+    return f" (did you mean {', '.join(map(repr, guesses))}?)" if guesses else ""
 
 
 def _require(ok: bool, key: str, message: str) -> None:

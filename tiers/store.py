@@ -9,17 +9,20 @@ bytes over as good data. Missing keys are `None`, not errors.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import msgspec
-import numpy as np
-import torch
 import xxhash
 
 from tiers.errors import CorruptionError, TierConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 __all__ = [
     "BlockStore",
@@ -32,7 +35,7 @@ __all__ = [
 ]
 
 Value = bytes | bytearray | memoryview
-WritableBuffer = bytearray | memoryview | torch.Tensor | np.ndarray[Any, Any]
+WritableBuffer: TypeAlias = "bytearray | memoryview | torch.Tensor | np.ndarray[Any, Any]"
 
 MAX_KEY_BYTES = 400
 MAX_NAMESPACE_BYTES = 200
@@ -218,17 +221,20 @@ def normalize_descriptor(descriptor: Mapping[str, Any]) -> dict[str, Any]:
 
 def writable_view(out: WritableBuffer) -> memoryview:
     """A writable, flat byte view of the caller's buffer (zero-copy)."""
-    if isinstance(out, torch.Tensor):
-        if out.device.type != "cpu" or out.dtype != torch.uint8 or not out.is_contiguous():
+    # A tensor (an array) exists only once torch (numpy) is imported: the CLI reads stores without.
+    torch_module = sys.modules.get("torch")
+    if torch_module is not None and isinstance(out, torch_module.Tensor):
+        if out.device.type != "cpu" or out.dtype != torch_module.uint8 or not out.is_contiguous():
             raise TierConfigError(
                 f"out tensor must be a contiguous CPU uint8 tensor, got {out.dtype} on {out.device}"
             )
         out = out.numpy()
-    if isinstance(out, np.ndarray):
+    numpy_module = sys.modules.get("numpy")
+    if numpy_module is not None and isinstance(out, numpy_module.ndarray):
         if not out.flags.c_contiguous:
             raise TierConfigError("out array must be C-contiguous")
         out = out.data
-    view = memoryview(out)
+    view = memoryview(cast(Any, out))  # a tensor or array became its buffer above
     if view.readonly:
         raise TierConfigError("out buffer is read-only; pass a bytearray, memoryview or tensor")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view

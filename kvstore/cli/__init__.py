@@ -15,6 +15,7 @@ from kvstore.cli import manage as _manage  # noqa: F401
 from kvstore.cli import serve as _serve  # noqa: F401
 from kvstore.cli import show as _show  # noqa: F401
 from kvstore.cli import simulate_cmd as _simulate_cmd  # noqa: F401
+from kvstore.cli import size as _size  # noqa: F401
 from kvstore.cli import verify as _verify  # noqa: F401
 from kvstore.cli import watch as _watch  # noqa: F401
 from kvstore.cli.app import app

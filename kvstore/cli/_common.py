@@ -22,17 +22,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import lmdb
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvstore.config import parse_size
 from kvstore.errors import ConfigError, KeyLookupError, KVStoreError, StoreNotFoundError
 from tiers.errors import NamespaceError, TierConfigError, TierError
-from tiers.lmdb import LMDBStore, default_map_size_bytes
+
+if TYPE_CHECKING:
+    from tiers.lmdb import LMDBStore
 
 __all__ = [
     "EXIT_FAILURE",
@@ -119,6 +120,8 @@ def open_store(path: Path, *, writable: bool = False) -> LMDBStore:
     Raises StoreNotFoundError for a path that is not a store, UsageError for a store of an
     incompatible format version, StoreDamagedError (exit 1) for a store LMDB cannot read.
     """
+    from tiers.lmdb import LMDBStore, default_map_size_bytes  # not needed for `--help`
+
     if not path.exists():
         raise StoreNotFoundError(f"{path} does not exist; expected a store directory")
     try:
@@ -175,6 +178,8 @@ def confirm(action: str, *, yes: bool) -> None:
 
 def parse_size_option(option: str, text: str) -> int:
     """A non-negative byte size from a string like "512MiB"; ConfigError names the option."""
+    from kvstore.config import parse_size
+
     size = parse_size(option, text)
     if size < 0:
         raise ConfigError(f"{option}: expected a size >= 0, got {text!r}")

@@ -34,7 +34,7 @@ def plot_sweep(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ConfigError("--plot needs matplotlib: pip install 'kvstore[plot]'") from exc
+        raise ConfigError("--plot needs matplotlib: pip install 'kvstore-vllm[plot]'") from exc
     vary_cpu = (
         len({r.num_cpu_rows for r in results}) > 1
         or len({r.disk_capacity_bytes for r in results}) == 1

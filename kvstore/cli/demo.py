@@ -19,19 +19,11 @@ from rich.markup import escape
 
 from kvstore.cli._common import EXIT_FAILURE, emit_json, err_console, fail
 from kvstore.cli.app import app
-from kvstore.demo.console import EngineOutput, engine_output
-from kvstore.demo.options import DemoOptions
-from kvstore.demo.picture import PLOT_HINT, draw_turns, has_matplotlib
-from kvstore.demo.progress import DemoProgress
-from kvstore.demo.report import (
-    DemoFiles,
-    next_steps,
-    print_next_steps,
-    print_report,
-    report_data,
-)
 
 if TYPE_CHECKING:
+    from kvstore.demo.console import EngineOutput
+    from kvstore.demo.options import DemoOptions
+    from kvstore.demo.report import DemoFiles
     from kvstore.demo.runner import DemoResult
 
 LOG_NAME = "vllm.log"
@@ -58,6 +50,10 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Run the real vLLM engine with KVStoreConnector on a multi-turn chat workload."""
+    from kvstore.demo.options import DemoOptions  # the demo's modules load when it runs
+    from kvstore.demo.picture import PLOT_HINT, has_matplotlib
+    from kvstore.demo.report import report_data
+
     _configure_logging(verbose=verbose)
     options = DemoOptions(
         directory=directory,
@@ -91,6 +87,10 @@ def _configure_logging(*, verbose: bool) -> None:
 
 def _run(options: DemoOptions, *, verbose: bool) -> tuple[DemoResult, DemoFiles]:
     """Both engine runs and the picture, with the engine's output sent to the log."""
+    from kvstore.demo.console import engine_output
+    from kvstore.demo.progress import DemoProgress
+    from kvstore.demo.report import DemoFiles
+
     try:
         options.directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -120,6 +120,8 @@ def _run(options: DemoOptions, *, verbose: bool) -> tuple[DemoResult, DemoFiles]
 
 
 def _draw(result: DemoResult, path: Path, console: Console) -> Path | None:
+    from kvstore.demo.picture import draw_turns, has_matplotlib
+
     if not has_matplotlib():
         return None
     try:
@@ -141,6 +143,9 @@ def _fail(exc: Exception, output: EngineOutput) -> NoReturn:
 
 
 def _print_human(data: dict[str, Any], files: DemoFiles, directory: Path) -> None:
+    from kvstore.demo.picture import PLOT_HINT, has_matplotlib
+    from kvstore.demo.report import next_steps, print_next_steps, print_report
+
     console = Console()
     print_report(console, data)
     if files.picture_path is not None:

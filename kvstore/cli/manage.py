@@ -157,6 +157,11 @@ def rm(
         Console(highlight=False).print(
             f"deleted {num_deleted:,} chunks; {num_entries:,} left ({format_bytes(used_bytes)})"
         )
+        if target.namespaces and not unregister:  # `stat` still lists them: say why
+            err_console().print(
+                f"namespace(s) {', '.join(target.namespaces)} stay registered (empty), so an "
+                "engine using them keeps writing; add --unregister to drop the registration too"
+            )
 
 
 # -- gc ---------------------------------------------------------------------------------------

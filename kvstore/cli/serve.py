@@ -13,23 +13,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from prometheus_client import CollectorRegistry
-from rich.console import Console
-from rich.markup import escape
 
+from kvstore.cli._common import EXIT_FAILURE, cli_errors, err_console, fail, open_store
 from kvstore.cli.app import app
-from kvstore.metrics import (
-    MetricsServer,
-    StoreCollector,
-    register_build_info,
-    start_metrics_server,
-    store_snapshot,
-)
-from tiers.errors import TierError
-from tiers.lmdb import LMDBStore
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from kvstore.metrics import MetricsServer
+    from tiers.lmdb import LMDBStore
 
 __all__ = ["StoreExporter", "serve", "serve_store"]
 
@@ -56,8 +51,19 @@ class StoreExporter:
 
 
 def serve_store(path: Path, *, port: int, host: str = "127.0.0.1") -> StoreExporter:
-    """Open the store at `path` read-only and serve its metrics (port 0 picks a free one)."""
-    store = LMDBStore.open(path, readonly=True, create=False)
+    """Open the store at `path` read-only and serve its metrics (port 0 picks a free one).
+
+    A path that is not a store raises StoreNotFoundError (exit 2, as for every command)."""
+    from prometheus_client import CollectorRegistry
+
+    from kvstore.metrics import (
+        StoreCollector,
+        register_build_info,
+        start_metrics_server,
+        store_snapshot,
+    )
+
+    store = open_store(path)
     try:
         registry = CollectorRegistry()
         registry.register(StoreCollector(lambda: store_snapshot(store)))
@@ -82,18 +88,14 @@ def serve(
     ] = None,
 ) -> None:
     """Serve Prometheus metrics for a store (entries, bytes, capacity, file size, namespaces)."""
-    err = Console(stderr=True, soft_wrap=True, highlight=False)
     try:
-        exporter = serve_store(store, port=port, host=host)
-    except TierError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
+        with cli_errors():  # not a store: exit 2; a store LMDB cannot read: exit 1
+            exporter = serve_store(store, port=port, host=host)
     except OSError as exc:  # the port is taken, or the host is not an address of this machine
-        where = f"{escape(host)}:{port} (--host/--port)"
-        err.print(f"[red]error:[/red] cannot listen on {where}: {exc.strerror or exc}")
-        raise typer.Exit(1) from exc
+        where = f"{host}:{port} (--host/--port)"
+        fail(f"cannot listen on {where}: {exc.strerror or exc}", EXIT_FAILURE)
     stop = threading.Event()
-    err.print(f"serving metrics for {store} on {exporter.url}")
+    err_console().print(f"serving metrics for {store} on {exporter.url}")
     try:
         with _stop_on_signals(stop):
             stop.wait(duration_s)

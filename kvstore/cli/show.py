@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -42,6 +41,9 @@ from kvstore.cli._source import (
 from kvstore.cli.app import app
 from tiers.errors import TierConfigError
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["Decoded", "decode_chunk", "show"]
 
 
@@ -56,6 +58,8 @@ class Decoded:
 
 def layer_summary(rank: int, name: str, tensor: torch.Tensor) -> dict[str, Any]:
     """Shape, dtype and min/max/mean over the non-NaN values, and the NaN count."""
+    import torch  # only `show` decodes chunks: the other commands start without torch
+
     values = tensor.reshape(-1).to(torch.float64)
     is_nan = torch.isnan(values)
     rest = values[~is_nan]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -29,16 +29,11 @@ from kvstore.cli._common import (
     parse_size_option,
 )
 from kvstore.cli._describe import new_table
-from kvstore.cli._plot import plot_sweep
 from kvstore.cli._trace import ChatTraceSpec, make_chat_trace, write_trace
 from kvstore.cli.app import app
-from kvstore.simulate import (
-    ReplicaSimulation,
-    SimulationResult,
-    TraceFormatError,
-    load_trace,
-    simulate_replicas,
-)
+
+if TYPE_CHECKING:  # the simulator loads when a simulation runs, not for `kvstore --help`
+    from kvstore.simulate import ReplicaSimulation, SimulationResult
 
 __all__ = ["Policy", "Routing", "SimulationPlan", "simulate_command"]
 
@@ -132,6 +127,8 @@ def _run_all(
         for disk in plan.disk_sizes
         for remote in plan.remote_sizes
     ]
+    from kvstore.simulate import simulate_replicas
+
     results: list[ReplicaSimulation] = []
     with err_console().status("simulating") as status:
         for policy, cpu, disk, remote in runs:
@@ -300,6 +297,8 @@ def _make_trace(out: Path, spec: ChatTraceSpec, *, as_json: bool) -> None:
 
 
 def _load(trace: Path | None) -> list[list[int]]:
+    from kvstore.simulate import TraceFormatError, load_trace
+
     if trace is None:
         raise UsageError("give a TRACE file (or --make-trace OUT.jsonl to write a sample one)")
     if not trace.is_file():
@@ -383,6 +382,8 @@ def simulate_command(
         rows = [simulation_json(result, plan.chunk_bytes) for result in results]
         if plot is not None:
             overall = [result.overall for result in results]
+            from kvstore.cli._plot import plot_sweep
+
             plot_sweep(overall, plot, chunk_bytes=plan.chunk_bytes, title=str(trace))
             err_console().print(f"wrote {plot}")
     if as_json:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLOT_HINT", "SERIES", "draw_turns", "has_matplotlib"]
 
-PLOT_HINT = "pip install 'kvstore[plot]' to draw the tokens per turn into a picture"
+PLOT_HINT = "pip install 'kvstore-vllm[plot]' to draw the tokens per turn into a picture"
 
 # (label, colour) from the bottom of each bar up.
 SERIES = (

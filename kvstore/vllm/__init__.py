@@ -5,7 +5,13 @@
   `secondary_tiers`, `"module_path": "kvstore.vllm"`).
 """
 
-from kvstore.vllm.connector import KVStoreConnector
-from kvstore.vllm.lmdb_tier import LMDBTier
+from kvstore.vllm.startup import check_config_being_built
+
+# vLLM imports this package while it builds its config, long before the model loads: a bad
+# `kv_connector_extra_config` fails here, in the user's process, as the last line it prints.
+check_config_being_built()
+
+from kvstore.vllm.connector import KVStoreConnector  # noqa: E402
+from kvstore.vllm.lmdb_tier import LMDBTier  # noqa: E402
 
 __all__ = ["KVStoreConnector", "LMDBTier"]

@@ -36,6 +36,7 @@ from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata
 from kvstore.vllm.runtime import SchedulerRuntime
 from kvstore.vllm.scheduler import ConnectorScheduler
+from kvstore.vllm.startup import route_logs_to_vllm, startup_line
 from kvstore.vllm.vllm_metrics import KVStoreConnectorStats, KVStorePromMetrics
 from kvstore.vllm.worker import ConnectorWorker
 
@@ -72,6 +73,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         role: KVConnectorRole,
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
+        route_logs_to_vllm()  # kvstore's lines and warnings appear where vLLM's do
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         if kv_cache_config is None:
             raise RuntimeError("KVStoreConnector needs vLLM >= 0.32 (kv_cache_config missing)")
@@ -110,13 +112,10 @@ class KVStoreConnector(KVConnectorBase_V1):
             on_layout=runtime.register_layout,
         )
         runtime.metrics.set_pipeline_source(self._scheduler.inflight)
-        logger.info(
-            "kvstore: %d-token chunks of %d bytes; CPU tier %d bytes, disk tier %s; namespace %s",
-            geo.num_tokens_per_chunk, geo.row_bytes, self._config.cpu_bytes,
-            f"{self._config.disk_bytes} bytes at {self._config.disk_path}"
-            if self._config.has_disk else "off",
-            runtime.namespace,
-        )  # fmt: skip
+        server = runtime.metrics_server
+        facts = runtime.startup_facts()
+        metrics_url = server.url if server is not None else None
+        logger.info("%s", startup_line(self._config, facts, metrics_url=metrics_url))
 
     @classmethod
     def supports_sleep_mode(cls) -> bool:

@@ -67,6 +67,9 @@ class SchedulerRuntime:
         self.service: TierService | None = None
         self.pipeline: TierPipeline | None = None
         self.metrics_server: MetricsServer | None = None
+        self.num_cpu_rows = 0
+        self.num_servable_chunks = 0  # disk chunks this engine can serve, found at start
+        self.remote_display: str | None = None  # e.g. "redis://host:6379/0 (write on)"
         self._is_layout_registered = False
 
     # -- start ------------------------------------------------------------------------------
@@ -81,7 +84,7 @@ class SchedulerRuntime:
     def _start(self) -> None:
         """1. the CPU region, 2. the disk store and the index (seeded from it), 3. the tier
         service (disk and remote I/O, event sinks), 4. the pipeline, 5. the metrics."""
-        num_rows = self._start_region()
+        num_rows = self.num_cpu_rows = self._start_region()
         if self.config.disk_path is not None:
             self.store = self._open_store(self.config.disk_path, self.config.disk_bytes)
         self.index = self._start_index(num_rows)
@@ -126,9 +129,7 @@ class SchedulerRuntime:
         seeds = self._seed_entries() if self.store is not None else []
         if seeds:
             unfit = index.seed_disk(seeds)
-            logger.info(
-                "kvstore: %d chunks on disk are servable after restart", len(seeds) - len(unfit)
-            )
+            self.num_servable_chunks = len(seeds) - len(unfit)  # in the connector's start line
             if unfit and self.store is not None:  # over today's disk_bytes: oldest go
                 self.store.delete_many(self.namespace, list(unfit))
                 logger.info("kvstore: deleted %d chunks beyond disk_bytes", len(unfit))
@@ -161,8 +162,9 @@ class SchedulerRuntime:
         if remote_config is None:
             return None
         store = RemoteStore(remote_config, observer=self.metrics.remote)
-        logger.info("kvstore remote tier: %s (write %s)", remote_config.endpoint.display(),
-                    "on" if remote_config.enable_write else "off")  # fmt: skip
+        self.remote_display = "{} (write {})".format(
+            remote_config.endpoint.display(), "on" if remote_config.enable_write else "off"
+        )  # in the connector's start line
         return RemoteChunks(store, self.descriptor)
 
     def _open_store(self, path: Path, capacity_bytes: int) -> LMDBStore | None:
@@ -241,7 +243,6 @@ class SchedulerRuntime:
                     f"metrics_port: cannot listen on {config.metrics_host}:{config.metrics_port}"
                     f": {exc.strerror or exc}"
                 ) from exc
-            logger.info("kvstore metrics on %s", self.metrics_server.url)
 
     def _occupancy_source(self, tier: Tier, num_rows: int | None) -> Any:
         def read() -> Occupancy:
@@ -289,6 +290,18 @@ class SchedulerRuntime:
         service.submit_call(register)
 
     # -- reporting --------------------------------------------------------------------------
+
+    def startup_facts(self) -> dict[str, Any]:
+        """What the connector's one start-up line says (see `kvstore.vllm.startup`)."""
+        return {
+            "num_cpu_rows": self.num_cpu_rows,
+            "has_disk": self.store is not None,
+            "num_servable_chunks": self.num_servable_chunks,
+            "remote": self.remote_display,
+            "num_tokens_per_chunk": self.geometry.num_tokens_per_chunk,
+            "row_bytes": self.geometry.row_bytes,
+            "namespace": self.namespace,
+        }
 
     def summary(self) -> dict[str, Any]:
         """Per-tier counters from this engine's metrics (for the demo, tests and logs)."""

@@ -82,7 +82,7 @@ class ConnectorWorker:
         )
         if self._tp_rank == 0:
             self._layout_pending = view.chunk_layout(self._geo.blocks_per_chunk).to_dict()
-        logger.info(
+        logger.debug(  # the scheduler's start-up line is the one the user reads
             "kvstore worker rank %d: %d layers, %d bytes per chunk slice on %s",
             self._tp_rank, len(layers), slice_bytes, view.device,
         )  # fmt: skip

@@ -50,7 +50,7 @@ def test_make_demo_shows_only_kvstore_lines(tmp_path: Path) -> None:
         assert (tmp_path / "demo.png").read_bytes().startswith(b"\x89PNG")
         assert f"picture: {tmp_path / 'demo.png'}" in demo.stdout
     else:
-        assert "pip install 'kvstore[plot]'" in demo.stdout
+        assert "pip install 'kvstore-vllm[plot]'" in demo.stdout
     _assert_next_steps_work(demo.stdout, tmp_path)
 
 

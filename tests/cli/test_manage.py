@@ -30,6 +30,9 @@ def test_rm_a_namespace_keeps_its_registration(built: BuiltStore) -> None:
     keys = store_keys(built.path)
     assert keys[TP2] == set()
     assert len(keys[TP1]) == 4
+    # `stat` still lists it (an engine may be writing to it): rm says so, and how to drop it
+    assert f"namespace(s) {TP2} stay registered" in result.stderr
+    assert "--unregister" in result.stderr
 
 
 def test_rm_a_namespace_and_unregister_it(built: BuiltStore) -> None:

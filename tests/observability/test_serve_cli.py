@@ -93,7 +93,11 @@ def test_serve_for_a_duration_in_process(store: LMDBStore) -> None:
     assert "serving metrics" in result.stderr
 
 
-def test_a_path_that_is_not_a_store_exits_1(tmp_path: Path) -> None:
+def test_a_path_that_is_not_a_store_exits_2(tmp_path: Path) -> None:
+    """A usage error, as the README's exit codes say (it exited 1 before)."""
     result = CliRunner().invoke(app, ["serve", str(tmp_path), "--port", "0"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "not a kvstore store" in result.stderr
+    missing = CliRunner().invoke(app, ["serve", str(tmp_path / "nothing"), "--port", "0"])
+    assert missing.exit_code == 2
+    assert "does not exist" in missing.stderr
