@@ -33,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvstore.config import KVStoreConfig
+from kvstore.errors import ConfigError
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata
 from kvstore.vllm.runtime import SchedulerRuntime
@@ -76,6 +77,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         if kv_cache_config is None:
             raise RuntimeError("KVStoreConnector needs vLLM >= 0.32 (kv_cache_config missing)")
+        if getattr(vllm_config.model_config, "enable_sleep_mode", False):
+            # vLLM >= 0.33 refuses it before this, through supports_sleep_mode; 0.32 never asks
+            raise ConfigError(f"{type(self).__name__} does not support sleep mode.")
         transfer_config = self._kv_transfer_config
         self._config = KVStoreConfig.from_extra_config(transfer_config.kv_connector_extra_config)
         self._geometry = EngineGeometry.from_vllm(vllm_config, kv_cache_config, self._config)

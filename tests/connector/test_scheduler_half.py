@@ -152,13 +152,6 @@ def wait_until(predicate: object, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_sleep_mode_is_declined() -> None:
-    """vLLM 0.33 frees the KV caches on sleep; the workers hold views of them."""
-    from kvstore.vllm import KVStoreConnector
-
-    assert KVStoreConnector.supports_sleep_mode() is False
-
-
 def test_what_the_pipeline_holds_is_exported_and_returns_to_zero(harness: Harness) -> None:
     harness.metrics.set_pipeline_source(harness.scheduler.inflight)
     registry = harness.metrics.registry

@@ -12,8 +12,9 @@ import pytest
 
 from kvstore.vllm.compat import resumed_req_ids
 from kvstore.vllm.scheduler import ConnectorScheduler
+from kvstore.vllm.worker import ConnectorWorker
 
-from .vllm_loop import BLOCK, Loop, make_loop
+from .vllm_loop import BLOCK, Loop, kv_cache_config, make_loop, vllm_config
 from .vllm_objects import resumed_in_new_reqs
 
 
@@ -94,3 +95,94 @@ def test_the_check_catches_a_resume_that_extends_the_old_block_table(
         assert loop.num_bad_positions > 0
     finally:
         loop.close()
+
+
+def take_kv_memory_away(loop: Loop) -> None:
+    """What vLLM >= 0.33 does around its KV memory (sleep; on 0.34 also
+    `release_kv_cache_memory` and weight updates borrowing it): pause with the cache cleared
+    (running requests preempted), `unregister_kv_caches`, free the memory, map fresh zeroed
+    memory, `restore_kv_caches`."""
+    assert loop.scheduler.reset_prefix_cache(reset_running_requests=True)
+    loop.worker.unregister_kv_caches()
+    for tensor in loop.kv.values():
+        tensor.fill_(float("nan"))  # freed
+    for tensor in loop.kv.values():
+        tensor.zero_()  # re-mapped
+    loop.worker.restore_kv_caches()
+
+
+def run_across_kv_memory_loss(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Loop:
+    """A prefill's store job is still queued (one chunk per step) when the KV memory goes
+    away; the request then runs to the end, and its whole sequence comes back after vLLM's
+    prefix cache is cleared."""
+    loop = make_loop(
+        tiny_model_dir, tmp_path, monkeypatch, step_copy_budget_bytes=2 * BLOCK * 1024
+    )  # one chunk: 2 layers x 2 KV heads x BLOCK tokens x 2 x 32 floats = 16 KiB
+    first = loop.add("a", prompt(5, 5 * BLOCK + 3), max_tokens=3)
+    loop.step()
+    take_kv_memory_away(loop)
+    loop.run()
+    assert loop.scheduler.reset_prefix_cache()
+    loop.add("again", list(first.all_token_ids), max_tokens=1)
+    loop.run()
+    return loop
+
+
+def test_stores_queued_when_the_kv_memory_goes_away_fail_and_nothing_wrong_is_served(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = run_across_kv_memory_loss(tiny_model_dir, tmp_path, monkeypatch)
+    try:
+        assert loop.num_bad_positions == 0
+        registry = loop.connector.runtime.registry
+        labels = {"direction": "engine_to_cpu", "result": "error"}
+        assert registry.get_sample_value("kvstore_transfers_total", labels) == 1
+        index = loop.connector.runtime.index
+        index.check_invariants()
+        assert index.stats().cpu.num_pinned == 0
+    finally:
+        loop.close()
+
+
+def test_the_check_catches_stores_that_copy_after_unregister(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted fault: the worker ignores unregister/restore (vLLM's no-op defaults, what
+    kvstore did before): its queued store copies the re-mapped, zeroed blocks."""
+    monkeypatch.setattr(ConnectorWorker, "unregister_kv_caches", lambda self: None)
+    monkeypatch.setattr(ConnectorWorker, "restore_kv_caches", lambda self: None)
+    loop = run_across_kv_memory_loss(tiny_model_dir, tmp_path, monkeypatch)
+    try:
+        assert loop.num_bad_positions > 0
+    finally:
+        loop.close()
+
+
+def test_sleep_mode_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM >= 0.33 asks the connector (`supports_sleep_mode(kv_transfer_config)`) and refuses
+    with its own message; 0.32 does not ask, and the connector refuses when it is built."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1,
+        KVConnectorRole,
+    )
+    from vllm.platforms import current_platform
+
+    from kvstore.errors import ConfigError
+    from kvstore.vllm import KVStoreConnector
+
+    assert KVStoreConnector.supports_sleep_mode() is False
+    monkeypatch.setattr(type(current_platform), "is_sleep_mode_available", lambda self: True)
+    sleepy = {"model_options": {"enable_sleep_mode": True}}
+    if hasattr(KVConnectorBase_V1, "supports_sleep_mode"):
+        with pytest.raises(ValueError, match="KVStoreConnector does not support sleep mode"):
+            vllm_config(tiny_model_dir, tmp_path, monkeypatch, **sleepy)
+        config = vllm_config(tiny_model_dir, tmp_path, monkeypatch)
+        assert KVStoreConnector.supports_sleep_mode(config.kv_transfer_config) is False
+    else:
+        config = vllm_config(tiny_model_dir, tmp_path, monkeypatch, **sleepy)
+        with pytest.raises(ConfigError, match="KVStoreConnector does not support sleep mode"):
+            KVStoreConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(8))

@@ -36,11 +36,55 @@ from kvstore.vllm.worker import ConnectorWorker
 
 from .vllm_objects import build
 
-__all__ = ["BLOCK", "Loop", "make_loop"]
+__all__ = ["BLOCK", "Loop", "kv_cache_config", "make_loop", "vllm_config"]
 
 BLOCK = 16  # tokens per engine block (= per chunk)
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 NUM_KV_HEADS, HEAD_SIZE = 2, 32
+
+
+def vllm_config(
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    model_options: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Any:
+    """vLLM's `VllmConfig` for the tiny model with KVStoreConnector and kvstore's config
+    `extra` (a 1 MiB CPU tier in `tmp_path` unless given)."""
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "cpu":
+        pytest.fail(f"vLLM picked platform {current_platform!r}: set VLLM_TARGET_DEVICE=cpu")
+    monkeypatch.setattr(
+        type(current_platform), "check_and_update_config", classmethod(lambda cls, c: None)
+    )
+    extra.setdefault("cpu_bytes", 1 << 20)
+    extra.setdefault("region_dir", str(tmp_path / "region"))
+    return VllmConfig(
+        model_config=ModelConfig(
+            model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
+            max_model_len=512, enforce_eager=True, seed=0, **(model_options or {}),
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+        kv_transfer_config=KVTransferConfig(**kv_transfer_config(**extra)),
+    )  # fmt: skip
+
+
+def kv_cache_config(num_blocks: int) -> Any:
+    """The scheduler's `KVCacheConfig`: one full-attention group over `LAYERS`."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=torch.float32
+    )
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],  # the scheduler side allocates nothing
+        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
+    )
 
 
 def make_loop(
@@ -52,40 +96,15 @@ def make_loop(
     **extra: Any,
 ) -> Loop:
     """A `Loop` with vLLM's scheduler over `num_blocks` engine blocks (block 0 is vLLM's null
-    block) and kvstore's config `extra` (a 1 MiB CPU tier unless given)."""
-    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
-    from vllm.platforms import current_platform
+    block) and kvstore's config `extra`."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    if current_platform.device_type != "cpu":
-        pytest.fail(f"vLLM picked platform {current_platform!r}: set VLLM_TARGET_DEVICE=cpu")
-    monkeypatch.setattr(
-        type(current_platform), "check_and_update_config", classmethod(lambda cls, c: None)
-    )
-    extra.setdefault("cpu_bytes", 1 << 20)
-    extra.setdefault("region_dir", str(tmp_path / "region"))
-    config = VllmConfig(
-        model_config=ModelConfig(
-            model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
-            max_model_len=512, enforce_eager=True, seed=0,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(**kv_transfer_config(**extra)),
-    )  # fmt: skip
+    config = vllm_config(model_dir, tmp_path, monkeypatch, **extra)
     config.cache_config.num_gpu_blocks = num_blocks
-    spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=torch.float32
-    )
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],  # the scheduler side allocates nothing
-        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
-    )
     scheduler = Scheduler(
         vllm_config=config,
-        kv_cache_config=kv_cache_config,
+        kv_cache_config=kv_cache_config(num_blocks),
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
     )
