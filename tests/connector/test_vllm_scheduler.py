@@ -18,9 +18,15 @@ from .vllm_loop import BLOCK, Loop, kv_cache_config, make_loop, vllm_config
 from .vllm_objects import resumed_in_new_reqs
 
 
-@pytest.fixture
-def loop(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loop]:
-    made = make_loop(tiny_model_dir, tmp_path, monkeypatch)
+@pytest.fixture(params=[False, True], ids=["save-first", "results-first"])
+def loop(
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Loop]:
+    """Both orders of `wait_for_save` and `get_finished` that vLLM's model runners use."""
+    made = make_loop(tiny_model_dir, tmp_path, monkeypatch, defer_finalize=request.param)
     yield made
     made.close()
 
@@ -38,6 +44,20 @@ def test_a_stored_prefix_is_loaded_when_vllm_has_evicted_it(loop: Loop) -> None:
     loop.add("b", tokens, max_tokens=4)
     loop.run()
     assert loop.hit_tokens() == 3 * BLOCK
+    assert loop.num_bad_positions == 0
+    assert loop.connector.scheduler.num_tracked_requests == 0  # every store was reported
+
+
+def test_a_request_that_finishes_waits_for_its_stores(loop: Loop) -> None:
+    """The last step's chunks are still being copied when the request finishes: vLLM keeps
+    its blocks until the worker reports the stores (`finished_sending`)."""
+    first = loop.add("a", prompt(4, 2 * BLOCK - 1), max_tokens=2)  # its last step fills chunk 1
+    loop.run()
+    assert loop.connector.scheduler.num_tracked_requests == 0
+    assert loop.scheduler.reset_prefix_cache()
+    loop.add("b", [*first.all_token_ids, 1], max_tokens=1)
+    loop.run()
+    assert loop.hit_tokens() == 2 * BLOCK
     assert loop.num_bad_positions == 0
 
 

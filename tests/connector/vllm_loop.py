@@ -93,6 +93,7 @@ def make_loop(
     monkeypatch: pytest.MonkeyPatch,
     *,
     num_blocks: int = 64,
+    defer_finalize: bool = False,
     **extra: Any,
 ) -> Loop:
     """A `Loop` with vLLM's scheduler over `num_blocks` engine blocks (block 0 is vLLM's null
@@ -108,7 +109,7 @@ def make_loop(
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
     )
-    return Loop(scheduler, num_blocks)
+    return Loop(scheduler, num_blocks, defer_finalize=defer_finalize)
 
 
 def _value(token_ids: Sequence[int], position: int, layer: int) -> float:
@@ -121,8 +122,12 @@ class Loop:
     """Steps: schedule -> worker loads -> forward (check, then write) -> worker stores ->
     results back to the scheduler, as vLLM's engine core and model runner order them."""
 
-    def __init__(self, scheduler: Any, num_blocks: int) -> None:
+    def __init__(self, scheduler: Any, num_blocks: int, *, defer_finalize: bool = False) -> None:
         self.scheduler = scheduler
+        # The V2 model runner of vLLM >= 0.33 under speculative decoding collects transfer
+        # results and worker metadata before `wait_for_save` (`post_forward(defer_finalize=
+        # True)`, then `finalize_step` after the drafter); otherwise `wait_for_save` comes first.
+        self.defer_finalize = defer_finalize
         self.connector = scheduler.connector
         runtime = self.connector.runtime
         self.kv = {
@@ -171,7 +176,8 @@ class Loop:
         sampled = self._forward(out)
         if not out.has_sync_kv_loads:
             worker.start_load_kv(meta)
-        worker.wait_for_save(meta)
+        if not self.defer_finalize:
+            worker.wait_for_save(meta)
         finished_sending, finished_recving = worker.get_finished(set(out.finished_req_ids))
         kv_output = build(
             KVConnectorOutput,
@@ -180,6 +186,8 @@ class Loop:
             invalid_block_ids=worker.get_block_ids_with_load_errors(),
             kv_connector_worker_meta=worker.build_connector_worker_meta(),
         )
+        if self.defer_finalize:
+            worker.wait_for_save(meta)  # after the drafter: `finalize_step`
         self.scheduler.update_from_output(out, _runner_output(sampled, kv_output))
 
     def _observe(self, out: Any) -> None:
