@@ -13,7 +13,11 @@ Scheduler side (`KVStoreConnector` as vLLM's scheduler calls it):
   requests in `scheduled_new_reqs` always take their block table from there.
 - `supports_sleep_mode(kv_transfer_config)`: a classmethod vLLM >= 0.33 calls with one
   argument when `enable_sleep_mode` is set (0.32 never calls it). kvstore answers False, so
-  vLLM refuses the configuration with its own message ("... does not support sleep mode.").
+  vLLM refuses the configuration with its own message ("... does not support sleep mode.");
+  on 0.32 the connector's constructor refuses it with the same message.
+- Requests that may not read external KV (`skip_reading_prefix_cache`; 0.34 also prompt
+  logprobs): 0.32/0.33 do not ask the connector, 0.34 asks and discards the answer, then calls
+  `update_state_after_alloc(..., 0)`, which releases what the lookup held.
 - `may_load_async(request)` (0.34, with `--max-num-inflight-kv-loads`): vLLM's default (the
   P/D `do_remote_prefill` flag) is right for kvstore: whether a hit loads asynchronously is
   only known at lookup (it depends on the step's sync-load budget), and a false positive
@@ -40,7 +44,7 @@ Worker side:
 
 LMDBTier (vLLM's `SecondaryTierManager`):
 - `touch(keys, req_context)` was dropped from the interface in 0.34; LMDBTier keeps it for
-  0.32/0.33 (a load still refreshes a chunk's recency on every release).
+  0.32/0.33. On every release a load (which pins the chunk) refreshes its recency.
 - `JobResult.deferred_release` (0.34): LMDBTier never reports a failed promotion while its
   I/O can still write the primary slots (a read is answered only once it has finished), so
   it leaves the field at its default, None.
