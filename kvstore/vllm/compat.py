@@ -15,9 +15,10 @@ Scheduler side (`KVStoreConnector` as vLLM's scheduler calls it):
   argument when `enable_sleep_mode` is set (0.32 never calls it). kvstore answers False, so
   vLLM refuses the configuration with its own message ("... does not support sleep mode.");
   on 0.32 the connector's constructor refuses it with the same message.
-- Requests that may not read external KV (`skip_reading_prefix_cache`; 0.34 also prompt
-  logprobs): 0.32/0.33 do not ask the connector, 0.34 asks and discards the answer, then calls
-  `update_state_after_alloc(..., 0)`, which releases what the lookup held.
+- Requests that may not read external KV (`Request.skip_reading_prefix_cache` on 0.32/0.33,
+  `skip_reading_external_kv` on 0.34, which also covers prompt-logprob requests): every
+  release asks the connector and discards the answer; kvstore reads neither attribute, and the
+  `update_state_after_alloc(..., 0)` that follows releases what the lookup held.
 - `may_load_async(request)` (0.34, with `--max-num-inflight-kv-loads`): vLLM's default (the
   P/D `do_remote_prefill` flag) is right for kvstore: whether a hit loads asynchronously is
   only known at lookup (it depends on the step's sync-load budget), and a false positive
