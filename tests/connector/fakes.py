@@ -1,13 +1,14 @@
-"""Fakes of what vLLM hands the connector (Request, SchedulerOutput, ...), for fast tests of
-the scheduler half with a real index, tier service and metrics (no engine)."""
+"""A harness for fast tests of the scheduler half: a real index, tier service and metrics (no
+engine), driven with vLLM's own objects (`vllm_objects`: built from the classes of the vLLM
+release under test)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry
+from vllm.v1.request import Request
 
 from kvstore.index import IndexConfig, TierIndex
 from kvstore.metrics import KVStoreMetrics
@@ -17,6 +18,8 @@ from kvstore.service.disk_io import DiskIO
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.scheduler import ConnectorScheduler
 from tiers.memory import MemoryStore
+
+from .vllm_objects import make_request
 
 BLOCK = 4  # tokens per engine block = per chunk
 SLICE_BYTES = 64
@@ -40,62 +43,9 @@ GEOMETRY = EngineGeometry(
 )
 
 
-@dataclass
-class FakeRequest:
-    """vLLM's Request as the connector reads it: ids, hashes of full blocks, tokens."""
-
-    request_id: str
-    all_token_ids: list[int]
-    num_computed_tokens: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def block_hashes(self) -> list[bytes]:
-        n = len(self.all_token_ids) // BLOCK
-        return [_prefix_hash(self.all_token_ids[: (i + 1) * BLOCK]) for i in range(n)]
-
-
-def _prefix_hash(tokens: list[int]) -> bytes:
-    return bytes(hash(tuple(tokens)).to_bytes(8, "big", signed=True)) * 4
-
-
-@dataclass
-class FakeBlocks:
-    block_ids: list[int]
-
-    def get_block_ids(self) -> tuple[list[int]]:
-        return (self.block_ids,)
-
-
-@dataclass
-class NewReq:
-    req_id: str
-    block_ids: tuple[list[int]]
-
-
-@dataclass
-class CachedReqs:
-    req_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[Any] = field(default_factory=list)
-    resumed_req_ids: set[str] = field(default_factory=set)
-
-
-@dataclass
-class FakeSchedulerOutput:
-    scheduled_new_reqs: list[NewReq] = field(default_factory=list)
-    scheduled_cached_reqs: CachedReqs = field(default_factory=CachedReqs)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    preempted_req_ids: set[str] = field(default_factory=set)
-
-
-@dataclass
-class FakeConnectorOutput:
-    kv_connector_worker_meta: Any = None
-    finished_sending: set[str] = field(default_factory=set)
-    finished_recving: set[str] = field(default_factory=set)
+def new_request(req_id: str, token_ids: list[int]) -> Request:
+    """A real vLLM request of `token_ids`, its block hashes vLLM's own (one per `BLOCK`)."""
+    return make_request(req_id, token_ids, block_size=BLOCK)
 
 
 @dataclass

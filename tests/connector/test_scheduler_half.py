@@ -1,4 +1,4 @@
-"""The scheduler half of KVStoreConnector with fakes of vLLM's objects (no engine, fast).
+"""The scheduler half of KVStoreConnector with vLLM's own objects (no engine, fast).
 
 Drives `ConnectorScheduler` the way vLLM's scheduler does (lookup, allocation, per-step
 metadata, worker results, request end) over a real index, tier service and metrics.
@@ -10,21 +10,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from vllm.v1.request import Request
 
 from kvstore.keys import Tier
 from kvstore.transfer.jobs import JobKind
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 
-from .fakes import (
-    BLOCK,
-    FakeBlocks,
-    FakeConnectorOutput,
-    FakeRequest,
-    FakeSchedulerOutput,
-    Harness,
-    NewReq,
-    make_harness,
-)
+from .fakes import BLOCK, Harness, make_harness, new_request
+from .vllm_objects import connector_output, kv_cache_blocks, scheduler_output
 
 PROMPT = list(range(100, 111))  # 11 tokens: 2 full chunks can be stored, the last token computed
 
@@ -36,13 +29,13 @@ def harness() -> Iterator[Harness]:
     made.close()
 
 
-def step(h: Harness, request: FakeRequest, block_ids: list[int]) -> KVStoreConnectorMetadata:
+def step(h: Harness, request: Request, block_ids: list[int]) -> KVStoreConnectorMetadata:
     """vLLM schedules all of `request`'s remaining tokens in one step."""
-    output = FakeSchedulerOutput(
-        scheduled_new_reqs=[NewReq(request.request_id, (block_ids,))],
+    output = scheduler_output(
+        new={request.request_id: block_ids},
         num_scheduled_tokens={request.request_id: request.num_tokens - request.num_computed_tokens},
     )
-    return h.scheduler.build_connector_meta(output)  # type: ignore[arg-type]
+    return h.scheduler.build_connector_meta(output)
 
 
 def report(
@@ -50,13 +43,13 @@ def report(
 ) -> None:
     counts = {job_id: 1 for job_id in job_ids}
     meta = KVStoreWorkerMetadata(failed=counts) if failed else KVStoreWorkerMetadata(counts)
-    h.scheduler.update_connector_output(FakeConnectorOutput(meta, finished_sending=set(finished)))  # type: ignore[arg-type]
+    h.scheduler.update_connector_output(connector_output(meta, finished_sending=set(finished)))
 
 
-def store_prompt(h: Harness, request: FakeRequest, block_ids: list[int]) -> None:
-    h.scheduler.track(request)  # type: ignore[arg-type]
-    assert h.scheduler.get_num_new_matched_tokens(request, 0) == (0, False)  # type: ignore[arg-type]
-    h.scheduler.update_state_after_alloc(request, FakeBlocks(block_ids), 0)  # type: ignore[arg-type]
+def store_prompt(h: Harness, request: Request, block_ids: list[int]) -> None:
+    h.scheduler.track(request)
+    assert h.scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
+    h.scheduler.update_state_after_alloc(request, kv_cache_blocks(block_ids), 0)
     meta = step(h, request, block_ids)
     (job,) = meta.store_jobs
     assert job.kind is JobKind.STORE
@@ -68,16 +61,16 @@ def store_prompt(h: Harness, request: FakeRequest, block_ids: list[int]) -> None
 
 
 def test_stores_full_chunks_then_serves_them_synchronously(harness: Harness) -> None:
-    first = FakeRequest("a", PROMPT)
+    first = new_request("a", PROMPT)
     store_prompt(harness, first, [0, 1, 2])
     assert len(harness.index.ready_keys(Tier.CPU)) == 2
-    assert harness.scheduler.request_finished(first) == (False, None)  # type: ignore[arg-type]
+    assert harness.scheduler.request_finished(first) == (False, None)
 
-    again = FakeRequest("b", PROMPT)
-    harness.scheduler.track(again)  # type: ignore[arg-type]
-    hit = harness.scheduler.get_num_new_matched_tokens(again, 0)  # type: ignore[arg-type]
+    again = new_request("b", PROMPT)
+    harness.scheduler.track(again)
+    hit = harness.scheduler.get_num_new_matched_tokens(again, 0)
     assert hit == (2 * BLOCK, False)  # a CPU hit in budget: loaded before this step's forward
-    harness.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+    harness.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
     meta = step(harness, again, [7, 8, 9])
     (load,) = meta.load_jobs
     assert load.is_sync and [s.block_ids for s in load.segments] == [(7,), (8,)]
@@ -91,10 +84,10 @@ def test_stores_full_chunks_then_serves_them_synchronously(harness: Harness) -> 
 def test_a_hit_over_the_step_budget_loads_asynchronously() -> None:
     h = make_harness(sync_budget_chunks=1)
     try:
-        store_prompt(h, FakeRequest("a", PROMPT), [0, 1, 2])
-        again = FakeRequest("b", PROMPT)
-        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (2 * BLOCK, True)  # type: ignore[arg-type]
-        h.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+        store_prompt(h, new_request("a", PROMPT), [0, 1, 2])
+        again = new_request("b", PROMPT)
+        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (2 * BLOCK, True)
+        h.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
         (load,) = step(h, again, [7, 8, 9]).load_jobs
         assert not load.is_sync
     finally:
@@ -102,10 +95,10 @@ def test_a_hit_over_the_step_budget_loads_asynchronously() -> None:
 
 
 def test_a_failed_load_is_counted_and_unpins(harness: Harness) -> None:
-    store_prompt(harness, FakeRequest("a", PROMPT), [0, 1, 2])
-    again = FakeRequest("b", PROMPT)
-    harness.scheduler.get_num_new_matched_tokens(again, 0)  # type: ignore[arg-type]
-    harness.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+    store_prompt(harness, new_request("a", PROMPT), [0, 1, 2])
+    again = new_request("b", PROMPT)
+    harness.scheduler.get_num_new_matched_tokens(again, 0)
+    harness.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
     (load,) = step(harness, again, [7, 8, 9]).load_jobs
     report(harness, load.job_id, failed=True)
     registry = harness.metrics.registry
@@ -114,12 +107,12 @@ def test_a_failed_load_is_counted_and_unpins(harness: Harness) -> None:
 
 
 def test_a_finished_request_waits_for_its_stores(harness: Harness) -> None:
-    request = FakeRequest("a", PROMPT)
-    harness.scheduler.track(request)  # type: ignore[arg-type]
-    harness.scheduler.get_num_new_matched_tokens(request, 0)  # type: ignore[arg-type]
+    request = new_request("a", PROMPT)
+    harness.scheduler.track(request)
+    harness.scheduler.get_num_new_matched_tokens(request, 0)
     (job,) = step(harness, request, [0, 1, 2]).store_jobs
-    assert harness.scheduler.request_finished(request) == (True, None)  # type: ignore[arg-type]
-    meta = harness.scheduler.build_connector_meta(FakeSchedulerOutput())  # type: ignore[arg-type]
+    assert harness.scheduler.request_finished(request) == (True, None)
+    meta = harness.scheduler.build_connector_meta(scheduler_output())
     assert meta.finished_store_reqs == ["a"]  # the workers report it once its stores are done
     report(harness, job.job_id, finished=frozenset({"a"}))
     assert harness.scheduler.num_tracked_requests == 0
@@ -129,19 +122,19 @@ def test_a_finished_request_waits_for_its_stores(harness: Harness) -> None:
 def test_disk_hits_are_promoted_before_they_load() -> None:
     h = make_harness(num_cpu_rows=2, disk_chunks=8)
     try:
-        store_prompt(h, FakeRequest("a", PROMPT), [0, 1, 2])
+        store_prompt(h, new_request("a", PROMPT), [0, 1, 2])
         wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 2)
-        other = FakeRequest("o", list(range(200, 211)))
+        other = new_request("o", list(range(200, 211)))
         store_prompt(h, other, [3, 4, 5])  # evicts PROMPT's chunks from the 2 CPU rows
         wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 4)
-        again = FakeRequest("b", PROMPT)
-        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (None, False)  # type: ignore[arg-type]
+        again = new_request("b", PROMPT)
+        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (None, False)
         deadline = time.monotonic() + 5
-        while (hit := h.scheduler.get_num_new_matched_tokens(again, 0))[0] is None:  # type: ignore[arg-type]
+        while (hit := h.scheduler.get_num_new_matched_tokens(again, 0))[0] is None:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert hit == (2 * BLOCK, False)
-        h.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+        h.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
         (load,) = step(h, again, [7, 8, 9]).load_jobs
         report(h, load.job_id)
         h.index.check_invariants()
@@ -159,13 +152,6 @@ def wait_until(predicate: object, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_sleep_mode_is_declined() -> None:
-    """vLLM 0.33 frees the KV caches on sleep; the workers hold views of them."""
-    from kvstore.vllm import KVStoreConnector
-
-    assert KVStoreConnector.supports_sleep_mode() is False
-
-
 def test_what_the_pipeline_holds_is_exported_and_returns_to_zero(harness: Harness) -> None:
     harness.metrics.set_pipeline_source(harness.scheduler.inflight)
     registry = harness.metrics.registry
@@ -178,18 +164,18 @@ def test_what_the_pipeline_holds_is_exported_and_returns_to_zero(harness: Harnes
         }
 
     assert set(held().values()) == {0}  # every series exists before any request
-    first = FakeRequest("a", PROMPT)
+    first = new_request("a", PROMPT)
     store_prompt(harness, first, [0, 1, 2])
-    harness.scheduler.request_finished(first)  # type: ignore[arg-type]
-    again = FakeRequest("b", PROMPT)
-    harness.scheduler.track(again)  # type: ignore[arg-type]
-    harness.scheduler.get_num_new_matched_tokens(again, 0)  # type: ignore[arg-type]
-    harness.scheduler.update_state_after_alloc(again, FakeBlocks([7, 8, 9]), 2 * BLOCK)  # type: ignore[arg-type]
+    harness.scheduler.request_finished(first)
+    again = new_request("b", PROMPT)
+    harness.scheduler.track(again)
+    harness.scheduler.get_num_new_matched_tokens(again, 0)
+    harness.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
     (load,) = step(harness, again, [7, 8, 9]).load_jobs
     during = held()
     assert during["cpu_pins"] == 2 and during["jobs"] == 1 and during["tracked_requests"] == 1
     report(harness, load.job_id)
-    harness.scheduler.request_finished(again)  # type: ignore[arg-type]
+    harness.scheduler.request_finished(again)
     assert set(held().values()) == {0}
 
 
@@ -198,7 +184,5 @@ def test_a_failing_pipeline_source_exports_zeros(harness: Harness) -> None:
         raise RuntimeError("boom")
 
     harness.metrics.set_pipeline_source(broken)
-    value = harness.metrics.registry.get_sample_value(
-        "kvstore_pipeline_inflight", {"what": "jobs"}
-    )
+    value = harness.metrics.registry.get_sample_value("kvstore_pipeline_inflight", {"what": "jobs"})
     assert value == 0

@@ -31,6 +31,8 @@ def test_a_flipped_byte_fails_the_load_of_that_key_only(harness: Harness) -> Non
     result = finish(again, 2)[2]
     assert result.success is False
     assert sorted(result.successful_keys or ()) == sorted([key(0), key(2)])
+    # vLLM 0.34 may free the failed key's slot at once: the read that wrote it has finished
+    assert getattr(result, "deferred_release", None) is None
     assert harness.primary[8].tobytes() == values[key(0)]
     assert harness.primary[10].tobytes() == values[key(2)]
     # slot 9 holds the bad bytes, read straight into it: vLLM frees it unused (not loaded)
