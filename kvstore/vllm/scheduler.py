@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ConnectorScheduler"]
 
+HIT_SOURCES: dict[Tier, CacheHitSource] = {
+    Tier.CPU: CacheHitSource.HOST,
+    Tier.DISK: CacheHitSource.DISK,
+    Tier.REMOTE: CacheHitSource.EXTERNAL_UNSPECIFIED,  # vLLM's bucket for a remote store
+}
+"""Where vLLM's per-source hit counters put each of kvstore's tiers."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -172,15 +179,16 @@ class ConnectorScheduler:
         self._pending_loads.append(job)
 
     def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
-        """vLLM's per-source split of the external hit (host memory vs. disk)."""
+        """vLLM's per-source split of the external hit; it sums to the hit."""
         state = self._reqs.get(request.request_id)
         if state is None or num_external_tokens == 0:
             return {}
-        sources = {
-            CacheHitSource.HOST: state.load_tokens.get(Tier.CPU, 0),
-            CacheHitSource.DISK: state.load_tokens.get(Tier.DISK, 0),
-        }
-        return {source: n for source, n in sources.items() if n}
+        sources: dict[CacheHitSource, int] = {}
+        for tier, tokens in state.load_tokens.items():
+            if tokens:
+                source = HIT_SOURCES[tier]
+                sources[source] = sources.get(source, 0) + tokens
+        return sources
 
     # -- per step ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import Request
 
 from kvstore.keys import Tier
@@ -75,6 +76,7 @@ def test_stores_full_chunks_then_serves_them_synchronously(harness: Harness) -> 
     (load,) = meta.load_jobs
     assert load.is_sync and [s.block_ids for s in load.segments] == [(7,), (8,)]
     assert all(s.row >= 0 and s.key for s in load.segments)
+    assert harness.scheduler.hit_sources(again, 2 * BLOCK) == {CacheHitSource.HOST: 2 * BLOCK}
     assert harness.index.stats().cpu.num_pinned == 2  # pinned until the workers report
     report(harness, load.job_id)
     assert harness.index.stats().cpu.num_pinned == 0
@@ -136,6 +138,7 @@ def test_disk_hits_are_promoted_before_they_load() -> None:
         assert hit == (2 * BLOCK, False)
         h.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
         (load,) = step(h, again, [7, 8, 9]).load_jobs
+        assert h.scheduler.hit_sources(again, 2 * BLOCK) == {CacheHitSource.DISK: 2 * BLOCK}
         report(h, load.job_id)
         h.index.check_invariants()
         registry = h.metrics.registry
@@ -186,3 +189,10 @@ def test_a_failing_pipeline_source_exports_zeros(harness: Harness) -> None:
     harness.metrics.set_pipeline_source(broken)
     value = harness.metrics.registry.get_sample_value("kvstore_pipeline_inflight", {"what": "jobs"})
     assert value == 0
+
+
+def test_every_tier_has_a_hit_source_so_the_split_sums_to_the_hit() -> None:
+    from kvstore.vllm.scheduler import HIT_SOURCES
+
+    assert set(HIT_SOURCES) == set(Tier)  # a tier left out was dropped from vLLM's split
+    assert HIT_SOURCES[Tier.REMOTE] is CacheHitSource.EXTERNAL_UNSPECIFIED
