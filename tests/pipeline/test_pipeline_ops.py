@@ -155,8 +155,9 @@ def test_a_cpu_hit_holds_then_loads_then_unpins(rig: Rig) -> None:
     assert answer.tiers == (Tier.CPU, Tier.CPU) and not answer.is_pending
     assert rig.observer.lookups == [(3, 3 * TOKENS, _hits(cpu=(2, 2 * TOKENS)))]
     plan = rig.pipeline.prepare_load("r1", ks(1, 2))
-    assert plan.keys == tuple(ks(1, 2)) and rig.service.touched == ks(1, 2)
+    assert plan.keys == tuple(ks(1, 2)) and rig.service.touched == []
     rig.pipeline.complete_load(plan.keys, ok=True)
+    assert rig.service.touched == ks(1, 2)  # served: a hit on the disk records
     assert rig.index.stats().cpu.num_pinned == 0 and rig.index.stats().num_holds == 0
     rig.index.check_invariants()
 
@@ -176,6 +177,7 @@ def test_a_failed_load_is_reported_so_the_engine_recomputes(rig: Rig) -> None:
     plan = rig.pipeline.prepare_load("r1", ks(1))
     rig.pipeline.complete_load(plan.keys, ok=False)
     assert rig.observer.load_failures == [1]
+    assert rig.service.touched == []  # not served: no hit
     assert rig.index.stats().cpu.num_pinned == 0
 
 
@@ -183,6 +185,7 @@ def test_a_chunk_gone_before_its_load_is_missing(rig: Rig) -> None:
     rig.store_chunks(ks(1))
     plan = rig.pipeline.prepare_load("r1", ks(1, 2))
     assert plan.keys == (k(1),) and plan.missing == (k(2),)
+    assert rig.observer.load_failures == [1]  # recomputed
     rig.pipeline.complete_load(plan.keys, ok=True)
 
 
@@ -239,8 +242,10 @@ def test_a_failed_promotion_answers_the_cpu_prefix_only() -> None:
     rig.index.check_invariants()
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_a_corrupt_or_vanished_disk_chunk_is_discarded_with_its_reason(damage: str) -> None:
+@pytest.mark.parametrize(("damage", "reason"), [("corrupt", "corrupt"), ("missing", "deleted")])
+def test_a_corrupt_or_vanished_disk_chunk_is_discarded_with_its_reason(
+    damage: str, reason: str
+) -> None:
     rig = make_rig(num_cpu_rows=2)
     rig.store_chunks(ks(1))
     rig.settle()
@@ -254,7 +259,7 @@ def test_a_corrupt_or_vanished_disk_chunk_is_discarded_with_its_reason(damage: s
     assert rig.pipeline.prepare_lookup("r1", ks(1)).num_hits == 0
     assert rig.index.state_of(Tier.DISK, k(1)) is None
     removed = [e for e in rig.observer.events if isinstance(e, ChunkRemoved)]
-    assert any(e.tier is Tier.DISK and k(1) in e.keys and e.reason == damage for e in removed)
+    assert any(e.tier is Tier.DISK and k(1) in e.keys and e.reason == reason for e in removed)
     rig.index.check_invariants()
 
 
