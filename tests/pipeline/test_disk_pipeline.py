@@ -5,12 +5,12 @@ proves the wiring to vLLM and a real LMDB store."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
-from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
+from kvstore.events import ChunkRemoved, ChunkStored
 from kvstore.index.disk import DiskIndex
 from kvstore.index.event_log import EventLog
 from kvstore.keys import BlockKey, Tier
@@ -19,6 +19,8 @@ from kvstore.service.completions import Completion, PromotionDone, WriteDone
 from kvstore.service.disk_io import DiskIO
 from kvstore.service.inline import InlineTierService
 from tiers.memory import MemoryStore
+
+from .doubles import Observer
 
 CHUNK_BYTES = 64
 TOKENS = 16
@@ -52,26 +54,6 @@ class Service(InlineTierService):
         if timeout_s > 0:
             self.run_pending()  # "waits": the work runs now
         return super().drain_completions()
-
-
-@dataclass
-class Observer:
-    num_lookups: int = 0
-    hits: list[Mapping[Tier, tuple[int, int]]] = field(default_factory=list)
-    load_failures: list[int] = field(default_factory=list)
-    events: list[TierEvent] = field(default_factory=list)
-
-    def record_lookup(
-        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
-    ) -> None:
-        self.num_lookups += num_chunks
-        self.hits.append(dict(hits_by_tier))
-
-    def record_load_failure(self, num_chunks: int) -> None:
-        self.load_failures.append(num_chunks)
-
-    def record_events(self, events: Sequence[TierEvent]) -> None:
-        self.events.extend(events)
 
 
 @dataclass
@@ -127,7 +109,7 @@ def test_a_store_is_written_then_ready_and_reported_once(rig: Rig) -> None:
     stored = [e for e in rig.observer.events if isinstance(e, ChunkStored)]
     assert [key for e in stored for key in e.keys] == [k(1), k(2)]
     assert rig.pipeline.take_events() == rig.observer.events == rig.service.published
-    assert rig.observer.hits[-1] == {Tier.DISK: (1, TOKENS)}
+    assert rig.observer.lookups[-1] == (1, TOKENS, {Tier.DISK: (1, TOKENS)})
 
 
 def test_a_refused_write_is_rolled_back() -> None:

@@ -4,8 +4,7 @@ failure path. Each test runs in milliseconds; the real-engine tests prove the wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -16,6 +15,8 @@ from kvstore.pipeline import TierPipeline
 from kvstore.service.disk_io import DiskIO
 from kvstore.service.inline import InlineTierService
 from tiers.memory import MemoryStore
+
+from .doubles import Observer
 
 CHUNK_BYTES = 64
 TOKENS = 16
@@ -36,24 +37,6 @@ class Rows:
 
     def row(self, index: int) -> memoryview:
         return memoryview(self.data)[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
-
-
-@dataclass
-class Observer:
-    lookups: list[tuple[int, int, dict[Tier, tuple[int, int]]]] = field(default_factory=list)
-    load_failures: list[int] = field(default_factory=list)
-    events: list[TierEvent] = field(default_factory=list)
-
-    def record_lookup(
-        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
-    ) -> None:
-        self.lookups.append((num_chunks, num_tokens, dict(hits_by_tier)))
-
-    def record_load_failure(self, num_chunks: int) -> None:
-        self.load_failures.append(num_chunks)
-
-    def record_events(self, events: Sequence[TierEvent]) -> None:
-        self.events.extend(events)
 
 
 @dataclass
