@@ -82,7 +82,7 @@ class RemoteSteps:
         if state.is_pending:
             return True
         rest = [key for key in keys[num_local:] if key not in state.fetched]
-        if not rest or num_local + len(state.fetched) >= len(keys):
+        if not rest:
             return False
         if rest[0] not in state.found:
             state.is_probing = True

@@ -109,6 +109,21 @@ def test_a_fetch_skips_the_chunks_already_in_cpu() -> None:
     assert reader.index.stats().num_holds == 0
 
 
+def test_the_remote_prefix_continues_past_a_local_chunk_it_does_not_hold() -> None:
+    """The remote tier holds 1-2 and 4-5 but not 3, which this engine has in CPU: the fetched
+    run and the local chunk are followed by the next remote run."""
+    shared = SharedRemote(16)
+    writer, reader = make_engine(shared), make_engine(shared, has_disk=False)
+    writer.store_chunks(ks(1, 2, 4, 5))
+    writer.settle()
+    reader.index.prepare_store(ks(3))  # stored without a remote write
+    reader.index.complete_store(ks(3), True)
+    assert shared.exists(ks(1, 2, 3, 4, 5)) == [True, True, False, True, True]
+    remote, cpu = Tier.REMOTE, Tier.CPU
+    assert reader.lookup("r1", ks(1, 2, 3, 4, 5)) == (remote, remote, cpu, remote, remote)
+    reader.pipeline.forget("r1")
+
+
 def test_a_remote_eviction_is_reported_removed_by_the_engine_whose_write_caused_it() -> None:
     shared = SharedRemote(2)
     first, second = make_engine(shared), make_engine(shared)
