@@ -4,10 +4,11 @@ Pure: no I/O besides `load_trace`, no vLLM, no threads. Each engine is a `TierPi
 `InlineTierService` (its disk an in-memory store; rows of a few bytes, while the tiers account in
 `chunk_bytes`), driven the way vLLM drives the connector: the engine's own prefix cache first (when
 modelled), then the pipeline's lookup of the rest, asked again while it answers pending (disk
-promotions, remote probes and fetches run in between, as at vLLM's next step), the load of the
-hit, and the store of the chunks the engine computed; the I/O it starts (write-through to disk and
-to the remote tier) lands before the next step. Hits per tier are what the pipeline reports to its
-observers (`record_lookup`); stores to disk and the remote tier, and evictions, are its events.
+promotions, remote probes and fetches run in between, as at vLLM's next step), the load of the hit,
+and the store of the chunks the engine computed. The I/O the pipeline starts (write-through to disk
+and to the remote tier) lands before the engine stores and before the next prompt. Hits per tier are
+what the pipeline reports to its observers (`record_lookup`); stores to disk and the remote tier,
+and evictions, are its events.
 
 `simulate_replicas` models N engines behind a router, each with its own engine cache, CPU and disk
 tiers, sharing one remote tier (`SharedRemote`, Redis with `maxmemory` and `allkeys-lru`); the

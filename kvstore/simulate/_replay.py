@@ -145,12 +145,12 @@ class _Replica:
             pipeline.release(owner)
             return 0
         plan = pipeline.prepare_load(owner, keys[: answer.num_hits])
+        if plan.missing:  # nothing runs between a replay's lookup and its load
+            raise RuntimeError(f"{len(plan.missing)} chunk(s) of {owner} vanished before loading")
         for key, row in plan.items():
             if bytes(self.rows.row(row)) != key[:_ROW_BYTES]:
                 raise RuntimeError(f"chunk {short_hex(key)} loaded from row {row} with other bytes")
         pipeline.complete_load(plan.keys, ok=True)
-        if plan.missing:  # nothing runs between a replay's lookup and its load
-            raise RuntimeError(f"{len(plan.missing)} chunk(s) of {owner} vanished before loading")
         return answer.num_hits
 
     def _store(self, prompt: Sequence[int], keys: Sequence[BlockKey], num_cached: int) -> None:
