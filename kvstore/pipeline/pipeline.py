@@ -24,7 +24,7 @@ from kvstore.index import TierIndex
 from kvstore.index.event_log import EventLog
 from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
-from kvstore.pipeline.remote import RemoteSteps
+from kvstore.pipeline.remote import RemoteSteps, RemoteTierIO
 from kvstore.service import (
     PromotionDone,
     RemoteFetchDone,
@@ -34,7 +34,6 @@ from kvstore.service import (
     WriteDone,
 )
 from kvstore.service.completions import Completion
-from kvstore.service.remote_io import RemoteIO
 
 __all__ = ["LookupAnswer", "PipelineObserver", "PipelineService", "TierPipeline"]
 
@@ -61,7 +60,7 @@ class PipelineService(Protocol):
     def has_disk(self) -> bool: ...
 
     @property
-    def remote(self) -> RemoteIO | None: ...
+    def remote(self) -> RemoteTierIO | None: ...
 
     def submit_write(
         self, items: Sequence[tuple[BlockKey, int]], victims: Sequence[BlockKey]
@@ -354,6 +353,7 @@ class TierPipeline:
         if state.held:
             self._index.release(list(state.held))
             state.held.clear()
+
 
 def _leading(tiers: Sequence[Tier], tier: Tier) -> int:
     count = 0
