@@ -47,12 +47,11 @@ class _EngineCache:
             )
         self.core = core
         self.scheduler = core.scheduler
-        if self.scheduler.hash_block_size != self.scheduler.block_size:
-            raise RuntimeError(
-                f"KV probes need one prefix hash per block; hash blocks are "
-                f"{self.scheduler.hash_block_size} tokens, engine blocks {self.scheduler.block_size}"
-            )
         self.block_size = int(self.scheduler.block_size)
+        hash_size = int(self.scheduler.hash_block_size)
+        if hash_size != self.block_size:
+            raise RuntimeError(f"KV probes need one prefix hash per block; hash blocks are "
+                               f"{hash_size} tokens, engine blocks {self.block_size}")  # fmt: skip
         num_blocks = int(self.scheduler.kv_cache_config.num_blocks)
         runner = core.model_executor.driver_worker.worker.model_runner
         self._layers = [(cache, _block_dim(cache.shape, num_blocks)) for cache in runner.kv_caches]
