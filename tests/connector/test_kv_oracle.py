@@ -9,8 +9,6 @@ passes on the same run without them.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +16,10 @@ import pytest
 
 from kvstore.oracle import BlockKV, compare_kv
 from kvstore.tiny_model import TinyLlamaSpec
-from kvstore.transfer.jobs import CopyJob
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config
 from kvstore.vllm.kv_probe import computed_kv, loaded_kv
-from kvstore.vllm.metadata import KVStoreConnectorMetadata
-from kvstore.vllm.worker import ConnectorWorker
 from tests.support.connector import drain, kvstore_summary
+from tests.support.faults import plant_wrong_block_ids
 from tests.support.oracle import assert_audited, assert_kv_equal
 
 pytestmark = pytest.mark.engine
@@ -39,41 +35,14 @@ def reference_kv(tiny_model_dir: Path) -> dict[bytes, BlockKV]:
     return computed.blocks
 
 
-def _rotated(job: CopyJob) -> CopyJob:
-    """The job with each chunk's block ids taken from the next chunk's (valid blocks of the
-    same request, holding another position's KV); a one-chunk job is left alone."""
-    segments = job.segments
-    rotated = [
-        dataclasses.replace(s, block_ids=segments[(i + 1) % len(segments)].block_ids)
-        for i, s in enumerate(segments)
-    ]
-    return dataclasses.replace(job, segments=tuple(rotated))
-
-
-def _plant(monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
-    """Make the worker copy from/to the wrong blocks: `store` gathers a chunk from the next
-    chunk's blocks, `load` scatters it into them."""
-    method, field = {"store": ("wait_for_save", "store_jobs"),
-                     "load": ("start_load_kv", "load_jobs")}[fault]  # fmt: skip
-    original: Callable[[ConnectorWorker, KVStoreConnectorMetadata], None] = getattr(
-        ConnectorWorker, method
-    )
-
-    def faulty(self: ConnectorWorker, meta: KVStoreConnectorMetadata) -> None:
-        jobs = [_rotated(job) for job in getattr(meta, field)]
-        original(self, dataclasses.replace(meta, **{field: jobs}))
-
-    monkeypatch.setattr(ConnectorWorker, method, faulty)
-
-
 def _store_then_load(llm: Any, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> Any:
     if fault == "store":
-        _plant(monkeypatch, fault)
+        plant_wrong_block_ids(monkeypatch, fault)
     generate_runs(llm, [PROMPT])
     drain(llm)
     assert llm.reset_prefix_cache()  # only kvstore has the prompt now
     if fault == "load":
-        _plant(monkeypatch, fault)
+        plant_wrong_block_ids(monkeypatch, fault)
     with loaded_kv(llm) as loaded:
         generate_runs(llm, [PROMPT])
     drain(llm)
