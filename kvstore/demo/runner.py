@@ -24,6 +24,7 @@ from typing import Any
 
 from kvstore.demo.options import DemoOptions
 from kvstore.demo.workload import DemoWorkload
+from kvstore.hashing import chunk_keys
 from kvstore.oracle import (
     AuditReport,
     GreedyRun,
@@ -157,13 +158,15 @@ def run_demo(
 def _expects_loads(
     batches: list[list[list[int]]], workload: DemoWorkload, options: DemoOptions
 ) -> bool:
-    """Whether some turn resends more history than the engine's own cache holds: then part
-    of it has left the engine, and kvstore (which stores every chunk) must load it."""
-    engine_tokens = options.engine_kv_blocks * _ENGINE_BLOCK_TOKENS
-    return any(
-        sum(len(prompt) - workload.user_tokens for prompt in prompts) > engine_tokens
-        for prompts in batches[1:]
-    )
+    """Whether some turn resends more distinct history (full blocks, the shared system prompt
+    once) than the engine's own cache holds: then part of it has left the engine, and kvstore,
+    which stores every chunk, must load it."""
+    for prompts in batches[1:]:
+        histories = [prompt[: len(prompt) - workload.user_tokens] for prompt in prompts]
+        blocks = set().union(*(chunk_keys(h, _ENGINE_BLOCK_TOKENS) for h in histories))
+        if len(blocks) > options.engine_kv_blocks:
+            return True
+    return False
 
 
 def _run_with_kvstore(

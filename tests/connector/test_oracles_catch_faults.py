@@ -86,8 +86,8 @@ def test_demo_check_fails_when_loaded_rows_are_damaged(tmp_path: Path) -> None:
 
 
 def _demo(tmp_path: Path) -> Any:
-    """Three turns of six conversations: turn 1 resends more history than the engine holds."""
-    options = DemoOptions(directory=tmp_path, num_turns=3, metrics_port=None)
+    """Five turns of six conversations: turn 4 resends more history than the engine holds."""
+    options = DemoOptions(directory=tmp_path, num_turns=5, metrics_port=None)
     return run_demo(options, on_progress=lambda m: None)
 
 
