@@ -1,12 +1,12 @@
-"""`kvstore simulate TRACE`: capacity planning by replaying a prompt trace through the real index.
+"""`kvstore simulate TRACE`: capacity planning by replaying a prompt trace through the pipeline.
 
-Each prompt goes through `kvstore.simulate.simulate_replicas` (the real `TierIndex`, driven the way
-the connector drives it). One run prints the hits per tier; `--replicas N` spreads the prompts
-over N engines (`--routing`), each with its own CPU and disk tiers, sharing one remote tier of
-`--remote-bytes` (Redis with allkeys-lru), and adds a row per replica. `--sweep` tries every
-combination of the comma-separated `--cpu-bytes`/`--disk-bytes`/`--remote-bytes` sizes and
-repeated `--policy`, and `--plot` draws hit ratio against size. `--make-trace OUT` writes a
-sample multi-turn chat trace to try it on.
+Each prompt goes through `kvstore.simulate.simulate_replicas` (the real `TierPipeline` over an
+in-memory tier service, driven the way vLLM drives the connector). One run prints the hits per tier;
+`--replicas N` spreads the prompts over N engines (`--routing`), each with its own CPU and disk
+tiers, sharing one remote tier of `--remote-bytes` (Redis with allkeys-lru), and adds a row per
+replica. `--sweep` tries every combination of the comma-separated
+`--cpu-bytes`/`--disk-bytes`/`--remote-bytes` sizes and repeated `--policy`, and `--plot` draws hit
+ratio against size. `--make-trace OUT` writes a sample multi-turn chat trace to try it on.
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ def simulate_command(
     ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Replay a prompt trace through the real tier index and print hit rates per tier."""
+    """Replay a prompt trace through the real tier pipeline and print hit rates per tier."""
     with cli_errors():
         if make_trace is not None:
             spec = ChatTraceSpec(num_conversations=conversations, num_turns=turns, seed=seed)

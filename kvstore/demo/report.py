@@ -42,9 +42,6 @@ class NextStep:
 
 def report_data(result: DemoResult, files: DemoFiles) -> dict[str, Any]:
     """The `--json` document (and what the human report prints)."""
-    checks = [result.audit.describe() if result.audit is not None else "no load audit"]
-    if result.outputs is not None:
-        checks.append(result.outputs.describe())
     return {
         "store_path": str(result.store_path),
         "metrics_url": result.metrics_url,
@@ -59,14 +56,52 @@ def report_data(result: DemoResult, files: DemoFiles) -> dict[str, Any]:
         if result.baseline_elapsed_s is None
         else round(result.baseline_elapsed_s, 3),
         "is_correct": result.is_correct,
-        "oracle": "; ".join(checks),
+        "oracle": "; ".join(_checks(result)),
         "load_audit": _audit_data(result),
+        "kv": _kv_data(result),
         "outputs": _outputs_data(result),
         "turns": [_turn_data(t) for t in result.turns],
         "summary": result.summary,
         "log_path": None if files.log_path is None else str(files.log_path),
         "picture_path": None if files.picture_path is None else str(files.picture_path),
     }  # fmt: skip
+
+
+def _checks(result: DemoResult) -> list[str]:
+    """One sentence per oracle, in the order of `kvstore.oracle`."""
+    if result.loads.num_blocks == 0:
+        loads = "kvstore loaded nothing"
+        if result.expects_loads:
+            loads += " although the history outgrew the engine's cache: loads were EXPECTED"
+        checks = [loads]
+    else:
+        checks = [result.audit.describe() if result.audit is not None else "no load audit"]
+        if result.kv is not None:
+            checks.append(result.kv.describe())
+    if result.outputs is not None:
+        checks.append(result.outputs.describe())
+    return checks
+
+
+def _kv_data(result: DemoResult) -> dict[str, Any]:
+    loads = result.loads
+    data: dict[str, Any] = {
+        "loads": loads.num_loads,
+        "loaded_blocks": loads.num_blocks,
+        "failed_blocks": loads.num_failed_blocks,
+        "aborted_blocks": loads.num_aborted_blocks,
+        "loads_expected": result.expects_loads,
+    }
+    if result.kv is not None:
+        kv = result.kv
+        data.update(
+            compared_blocks=kv.num_compared,
+            differing_blocks=len(kv.mismatches),
+            unreferenced_blocks=kv.num_unreferenced,
+            max_error=kv.max_error,
+            tolerance=kv.tolerance,
+        )
+    return data
 
 
 def _audit_data(result: DemoResult) -> dict[str, int] | None:
@@ -81,7 +116,10 @@ def _outputs_data(result: DemoResult) -> dict[str, Any] | None:
         return None
     return {
         "tie_epsilon": result.outputs.tie_epsilon,
+        "sequences": len(result.outputs.checks),
         "equal": result.outputs.count(Verdict.EQUAL),
+        "equal_ratio": round(result.outputs.equal_ratio, 4),
+        "min_equal_ratio": result.outputs.min_equal_ratio,
         "cut_at_tie": result.outputs.count(Verdict.CUT_AT_TIE),
         "diverged": result.outputs.count(Verdict.DIVERGED),
     }

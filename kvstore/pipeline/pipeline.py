@@ -27,7 +27,7 @@ from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
 from kvstore.pipeline.disk_steps import DiskSteps, DiskSubmitter, RowsOnDisk
 from kvstore.pipeline.observers import Observers, PipelineObserver
-from kvstore.pipeline.remote import RemoteSteps
+from kvstore.pipeline.remote import RemoteSteps, RemoteTierIO
 from kvstore.service import (
     PromotionDone,
     RemoteFetchDone,
@@ -37,7 +37,6 @@ from kvstore.service import (
     WriteDone,
 )
 from kvstore.service.completions import Completion
-from kvstore.service.remote_io import RemoteIO
 
 __all__ = ["LookupAnswer", "PipelineObserver", "PipelineService", "TierPipeline"]
 
@@ -52,7 +51,7 @@ class PipelineService(DiskSubmitter, Protocol):
     def has_disk(self) -> bool: ...
 
     @property
-    def remote(self) -> RemoteIO | None: ...
+    def remote(self) -> RemoteTierIO | None: ...
 
     def publish(self, events: Sequence[TierEvent]) -> None: ...
 
@@ -319,6 +318,7 @@ class TierPipeline:
         if state.held:
             self._index.release(list(state.held))
             state.held.clear()
+
 
 def _leading(tiers: Sequence[Tier], tier: Tier) -> int:
     count = 0

@@ -17,16 +17,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvstore.index import TierIndex
 from kvstore.index.event_log import EventLog
 from kvstore.keys import BlockKey, Tier
 from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, RemoteWriteDone
-from kvstore.service.remote_io import RemoteIO
 
-__all__ = ["RemoteLookup", "RemoteSteps"]
+__all__ = ["RemoteLookup", "RemoteSteps", "RemoteTierIO"]
 
 logger = logging.getLogger(__name__)
+
+
+class RemoteTierIO(Protocol):
+    """The remote tier's I/O the pipeline asks for (`kvstore.service.remote_io.RemoteIO` on the
+    tier service's loop, `kvstore.service.inline_remote.InlineRemoteIO` on the caller's thread).
+    Each answers through the service's completions: `RemoteProbeDone`, `RemoteFetchDone`,
+    `RemoteWriteDone`, and `RemoteRemoved` for the tier's own removals."""
+
+    def submit_probe(self, keys: Sequence[BlockKey], tag: object) -> None:
+        """Which of `keys` the tier holds (not an access to them)."""
+        ...
+
+    def submit_fetch(self, items: Sequence[tuple[BlockKey, int]], tag: object) -> None:
+        """Copy each chunk into its CPU row (pinned by the caller until the answer)."""
+        ...
+
+    def submit_write(self, items: Sequence[tuple[BlockKey, int]]) -> bool:
+        """Write chunks from their pinned CPU rows; False = dropped (the caller unpins)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -47,7 +66,7 @@ class RemoteLookup:
 class RemoteSteps:
     """Owned by `TierPipeline`; same thread, same index."""
 
-    def __init__(self, index: TierIndex, io: RemoteIO, log: EventLog) -> None:
+    def __init__(self, index: TierIndex, io: RemoteTierIO, log: EventLog) -> None:
         self._index = index
         self._io = io
         self._log = log
@@ -63,7 +82,7 @@ class RemoteSteps:
         if state.is_pending:
             return True
         rest = [key for key in keys[num_local:] if key not in state.fetched]
-        if not rest or num_local + len(state.fetched) >= len(keys):
+        if not rest:
             return False
         if rest[0] not in state.found:
             state.is_probing = True

@@ -5,18 +5,22 @@ real `TierService` runs the disk work on an asyncio loop and executor threads; t
 same `DiskIO` operations on the caller's thread, so a replay (`kvstore simulate`) or a unit test
 sees exactly one order of events. Work submitted is queued; `run_pending()` runs it (or, with
 `is_deferred=False`, it runs at submit) and its completion is drained by the pipeline's next
-`poll`, as with the real service. Queue limits, the remote tier's I/O and metrics are the real
-service's business; `fail_next_writes`/`fail_next_promotions` plant failures for tests.
+`poll`, as with the real service. A remote tier (`remote`: a `SharedRemote`, which several services
+may share) gets an `InlineRemoteIO` whose work joins the same queue. Queue limits and metrics are
+the real service's business; `num_fail_writes`/`num_fail_promotions` plant failures for tests.
+`published` and `touched` keep what the pipeline handed over (unless `is_recording=False`, for long
+replays); `num_promoted_chunks` counts the chunks promotions read into CPU rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from kvstore.events import TierEvent
 from kvstore.keys import BlockKey
 from kvstore.service.completions import Completion, PromotionDone, WriteDone
-from kvstore.service.disk_io import DiskIO
+from kvstore.service.disk_io import DiskIO, RowBuffers
+from kvstore.service.inline_remote import InlineRemoteIO, SharedRemote, Work
 
 __all__ = ["InlineTierService"]
 
@@ -24,23 +28,38 @@ __all__ = ["InlineTierService"]
 class InlineTierService:
     """See the module docstring. Threading: one thread calls everything."""
 
-    def __init__(self, disk: DiskIO | None, *, is_deferred: bool = True) -> None:
+    def __init__(
+        self,
+        disk: DiskIO | None,
+        *,
+        remote: SharedRemote | None = None,
+        remote_rows: RowBuffers | None = None,
+        is_deferred: bool = True,
+        is_recording: bool = True,
+    ) -> None:
         self._disk = disk
         self._is_deferred = is_deferred
-        self._pending: list[Callable[[], Completion | None]] = []
+        self._is_recording = is_recording
+        self._pending: list[Work] = []
         self._completions: list[Completion] = []
+        self._remote: InlineRemoteIO | None = None
+        if remote is not None:
+            if remote_rows is None:
+                raise ValueError("a remote tier needs remote_rows (the CPU region)")
+            self._remote = InlineRemoteIO(remote, remote_rows, self._submit)
         self.published: list[TierEvent] = []
         self.touched: list[BlockKey] = []
         self.num_fail_writes = 0
         self.num_fail_promotions = 0
+        self.num_promoted_chunks = 0
 
     @property
     def has_disk(self) -> bool:
         return self._disk is not None
 
     @property
-    def remote(self) -> None:
-        return None
+    def remote(self) -> InlineRemoteIO | None:
+        return self._remote
 
     @property
     def num_pending(self) -> int:
@@ -54,11 +73,11 @@ class InlineTierService:
             return False
         items, victims = list(items), list(victims)
 
-        def write() -> Completion:
+        def write() -> list[Completion]:
             if self.num_fail_writes:
                 self.num_fail_writes -= 1
-                return WriteDone(ok=(), failed=tuple(key for key, _ in items))
-            return disk.write(items, victims)[0]
+                return [WriteDone(ok=(), failed=tuple(key for key, _ in items))]
+            return [disk.write(items, victims)[0]]
 
         return self._submit(write)
 
@@ -68,12 +87,13 @@ class InlineTierService:
             return False
         items = list(items)
 
-        def read() -> Completion:
+        def read() -> list[Completion]:
             if self.num_fail_promotions:
                 self.num_fail_promotions -= 1
-                return PromotionDone(ok=(), failed=tuple(key for key, _ in items), tag=tag)
+                return [PromotionDone(ok=(), failed=tuple(key for key, _ in items), tag=tag)]
             done = disk.read(items)[0]
-            return PromotionDone(done.ok, done.failed, done.corrupt, done.missing, tag)
+            self.num_promoted_chunks += len(done.ok)
+            return [PromotionDone(done.ok, done.failed, done.corrupt, done.missing, tag)]
 
         return self._submit(read)
 
@@ -82,31 +102,32 @@ class InlineTierService:
         if disk is not None:
             keys = list(keys)
 
-            def delete() -> None:
+            def delete() -> list[Completion]:
                 disk.delete(keys)
+                return []
 
             self._submit(delete)
 
     def submit_touch(self, keys: Sequence[BlockKey]) -> None:
-        self.touched.extend(keys)
+        if self._is_recording:
+            self.touched.extend(keys)
 
     def publish(self, events: Sequence[TierEvent]) -> None:
-        self.published.extend(events)
+        if self._is_recording:
+            self.published.extend(events)
 
     def run_pending(self) -> int:
         """Run the work submitted so far (in order); the number of operations run."""
         work, self._pending = self._pending, []
         for run in work:
-            done = run()
-            if done is not None:
-                self._completions.append(done)
+            self._completions.extend(run())
         return len(work)
 
     def drain_completions(self) -> list[Completion]:
         done, self._completions = self._completions, []
         return done
 
-    def _submit(self, run: Callable[[], Completion | None]) -> bool:
+    def _submit(self, run: Work) -> bool:
         self._pending.append(run)
         if not self._is_deferred:
             self.run_pending()

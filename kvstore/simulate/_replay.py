@@ -1,200 +1,200 @@
-"""The replay: prompts through the real `TierIndex` of one engine or of several replicas sharing
-a remote tier (see the package docstring)."""
+"""The replay: prompts through one `TierPipeline` per engine, over an `InlineTierService` (see the
+package docstring)."""
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from kvstore.events import ChunkRemoved
+from kvstore.events import ChunkStored, TierEvent
 from kvstore.hashing import chunk_keys
 from kvstore.index import IndexConfig, TierIndex
-from kvstore.keys import BlockKey, Tier
+from kvstore.keys import BlockKey, Tier, short_hex
+from kvstore.pipeline import TierPipeline
+from kvstore.policies import LRUPolicy
+from kvstore.service.disk_io import DiskIO
+from kvstore.service.inline import InlineTierService
+from kvstore.service.inline_remote import SharedRemote
 from kvstore.simulate._result import COUNTED, ReplicaSimulation, SimulationResult
+from tiers.memory import MemoryStore
 
-__all__ = ["ROUTINGS", "SharedRemote", "simulate", "simulate_replicas", "sweep"]
+__all__ = ["ROUTINGS", "simulate", "simulate_replicas", "sweep"]
 
 ROUTINGS = ("round-robin", "random")
 """How requests reach replicas: in turn, or uniformly at random (seeded)."""
 
+# A CPU row (and the disk or remote value written from it) holds this many bytes of its chunk's
+# key, whatever `chunk_bytes` is: the tiers' accounting uses `chunk_bytes`, the bytes only have
+# to travel, so a load can check it got the chunk it asked for.
+_ROW_BYTES = 8
+_NAMESPACE = "simulate"
+_WRITTEN = {Tier.DISK: "num_written_chunks", Tier.REMOTE: "num_remote_written_chunks"}
 
-class _KeyLRU:
-    """Chunk keys in least-recently-used order, at most `num_chunks` of them."""
+
+class _EngineCache:
+    """The engine's own prefix cache, as an LRU of chunk keys (0 chunks: no cache)."""
 
     def __init__(self, num_chunks: int) -> None:
-        self.num_chunks = num_chunks
-        self._keys: OrderedDict[BlockKey, None] = OrderedDict()
+        self._num_chunks = num_chunks
+        self._lru = LRUPolicy()
 
     def num_leading(self, keys: Sequence[BlockKey]) -> int:
-        """How many of `keys`, from the first, are held (a probe: no access)."""
+        """How many of `keys`, from the first, it holds."""
         num_found = 0
         for key in keys:
-            if key not in self._keys:
+            if key not in self._lru:
                 break
             num_found += 1
         return num_found
 
-    def touch(self, keys: Iterable[BlockKey]) -> None:
-        """An access to each of `keys` that is held."""
-        for key in keys:
-            if key in self._keys:
-                self._keys.move_to_end(key)
-
-    def add(self, keys: Iterable[BlockKey]) -> int:
-        """Hold `keys` (most recent last); returns how many keys were evicted to make room."""
-        for key in keys:
-            self._keys[key] = None
-            self._keys.move_to_end(key)
-        num_evicted = 0
-        while len(self._keys) > self.num_chunks:
-            self._keys.popitem(last=False)
-            num_evicted += 1
-        return num_evicted
-
-
-class _EngineCache(_KeyLRU):
-    """The engine's own prefix cache, as an LRU of chunk keys (0 chunks: no cache)."""
-
     def use(self, keys: Sequence[BlockKey]) -> None:
-        if self.num_chunks:
-            self.add(keys)
+        """The engine ran a prompt of `keys`: they are its most recent blocks."""
+        if not self._num_chunks:
+            return
+        for key in keys:
+            self._lru.insert(key)
+        excess = len(self._lru) - self._num_chunks
+        if excess > 0:
+            self._lru.evict(excess, frozenset())
 
 
-def _serve(index: TierIndex, keys: Sequence[BlockKey], counts: Counter[str]) -> int:
-    """Look up, promote and load `keys` as the connector would; returns the number of hits."""
-    result = index.lookup(keys)
-    counts["num_cpu_hit_chunks"] += result.num_cpu_hits
-    counts["num_disk_hit_chunks"] += result.num_disk_hits
-    if result.num_disk_hits:
-        promotion = index.plan_promotion(result.keys)
-        index.complete_promotion(promotion.keys, success=True)
-        counts["num_promoted_chunks"] += len(promotion.keys)
-    load = index.prepare_load(result.keys)
-    if result.num_disk_hits:
-        index.release(result.keys)
-    index.complete_load(load.keys)
-    return result.num_hits
+class _Rows:
+    """The CPU region, `_ROW_BYTES` a row."""
+
+    def __init__(self, num_rows: int) -> None:
+        self._view = memoryview(bytearray(num_rows * _ROW_BYTES))
+
+    def row(self, index: int) -> memoryview:
+        return self._view[index * _ROW_BYTES : (index + 1) * _ROW_BYTES]
 
 
-def _store(
-    index: TierIndex,
-    prompt: Sequence[int],
-    keys: Sequence[BlockKey],
-    num_cached: int,
-    counts: Counter[str],
-) -> tuple[BlockKey, ...]:
-    """Store the chunks after the first `num_cached` (the engine computed them), write through;
-    returns the chunks that got CPU rows."""
-    num_tokens = index.config.num_tokens_per_chunk
-    computed = keys[num_cached:]
-    stored: tuple[BlockKey, ...] = ()
-    if computed:
-        plan = index.prepare_store(
-            computed,
-            token_ids=prompt[num_cached * num_tokens : len(keys) * num_tokens],
-            parent_key=keys[num_cached - 1] if num_cached else None,
-        )
-        if plan is not None:
-            index.complete_store(plan.keys, success=True)
-            counts["num_stored_chunks"] += len(plan.keys)
-            stored = plan.keys
-    write = index.plan_write_through()
-    index.complete_write_through(write.keys, success=True)
-    counts["num_written_chunks"] += len(write.keys)
-    return stored
+class _Tally:
+    """A replica's counts, from what its pipeline reports (a `PipelineObserver`)."""
 
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
 
-def _count_evictions(index: TierIndex, counts: Counter[str]) -> None:
-    for event in index.take_events():
-        if isinstance(event, ChunkRemoved):
-            name = "num_cpu_evicted_chunks" if event.tier is Tier.CPU else "num_disk_evicted_chunks"
-            counts[name] += len(event.keys)
+    def record_lookup(
+        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
+    ) -> None:
+        for tier, (num_hit_chunks, _) in hits_by_tier.items():
+            self.counts[f"num_{tier}_hit_chunks"] += num_hit_chunks
 
+    def record_load_failure(self, num_chunks: int) -> None:
+        raise AssertionError(f"a replay's loads never fail, got {num_chunks} failed chunks")
 
-class SharedRemote(_KeyLRU):
-    """The remote tier as Redis runs it with `maxmemory` and `allkeys-lru`, shared by every
-    replica: a probe (EXISTS) is not an access, a fetch (GET) and a write (SET) are; a write past
-    capacity evicts the least recently used chunk. Exact LRU (Redis samples keys to approximate
-    it); capacity counts whole chunks (the 40-byte value header and Redis's per-key overhead,
-    well under 1% of a chunk, are left out)."""
-
-    def __init__(self, num_chunks: int) -> None:
-        if num_chunks < 1:
-            raise ValueError(f"a remote tier holds at least one chunk, got {num_chunks}")
-        super().__init__(num_chunks)
-
-    fetch = _KeyLRU.touch
-    store = _KeyLRU.add
-
-
-def _fetch_remote(
-    index: TierIndex,
-    remote: SharedRemote,
-    local: Sequence[BlockKey],
-    rest: Sequence[BlockKey],
-    counts: Counter[str],
-) -> int:
-    """Serve the leading run of `rest` the remote tier holds: CPU rows for it (the `local`
-    prefix protected), fetched, ready; returns the number of chunks served."""
-    wanted = rest[: remote.num_leading(rest)]
-    if not wanted:
-        return 0
-    plan = index.prepare_store([*local, *wanted])
-    if plan is None:
-        return 0
-    remote_keys = set(wanted)
-    fetched = [key for key in plan.keys if key in remote_keys]
-    others = [key for key in plan.keys if key not in remote_keys]
-    if others:  # a local chunk that left CPU meanwhile: its row goes back
-        index.complete_store(others, success=False)
-    remote.fetch(fetched)
-    index.complete_store(fetched, success=True)
-    counts["num_remote_hit_chunks"] += len(fetched)
-    return len(fetched)
+    def record_events(self, events: Sequence[TierEvent]) -> None:
+        for event in events:
+            if not isinstance(event, ChunkStored):
+                self.counts[f"num_{event.tier}_evicted_chunks"] += len(event.keys)
+            elif event.tier is not Tier.CPU:  # stored in CPU: counted by the replica's steps
+                self.counts[_WRITTEN[event.tier]] += len(event.keys)
 
 
 @dataclass
 class _Replica:
-    """One engine: its prefix cache, its index (CPU and disk tiers) and its tallies."""
+    """One engine: its prefix cache, its pipeline (CPU and disk tiers) and its tallies."""
 
-    index: TierIndex
+    pipeline: TierPipeline
+    service: InlineTierService
+    rows: _Rows
     engine: _EngineCache
+    tally: _Tally
     counts: Counter[str] = field(default_factory=Counter)
 
-    def serve(self, prompt: Sequence[int], remote: SharedRemote | None) -> None:
-        index, counts = self.index, self.counts
-        keys = chunk_keys(prompt, index.config.num_tokens_per_chunk)
+    def serve(self, prompt: Sequence[int], owner: str) -> None:
+        """The engine's steps for one prompt: its own cache, then the pipeline's lookup (asked
+        again while pending, as vLLM asks at its next step), the load, and the store of the
+        chunks it computed (written through as they land)."""
+        num_tokens = self.pipeline.index.config.num_tokens_per_chunk
+        keys = chunk_keys(prompt, num_tokens)
         num_engine_hits = self.engine.num_leading(keys)
-        num_cached = self._serve_prefix(keys, num_engine_hits, remote)
-        stored = _store(index, prompt, keys, num_cached, counts)
-        if remote is not None and stored:
-            counts["num_remote_written_chunks"] += len(stored)
-            counts["num_remote_evicted_chunks"] += remote.store(stored)
-        _count_evictions(index, counts)
+        num_cached = num_engine_hits + self._load(owner, keys[num_engine_hits:])
+        self._settle()
+        self._store(prompt, keys, num_cached)
+        self.pipeline.forget(owner)
+        self._settle()
         self.engine.use(keys)
+        counts = self.counts
         counts["num_requests"] += 1
         counts["num_prompt_tokens"] += len(prompt)
         counts["num_chunks"] += len(keys)
         counts["num_engine_hit_chunks"] += num_engine_hits
 
-    def _serve_prefix(
-        self, keys: Sequence[BlockKey], num_engine_hits: int, remote: SharedRemote | None
-    ) -> int:
-        """The longest prefix served, as the pipeline asks: CPU and disk, then the remote tier
-        for what follows, then the local tiers again past what it fetched, until neither adds."""
-        index, counts = self.index, self.counts
-        num_cached = num_engine_hits + _serve(index, keys[num_engine_hits:], counts)
-        while remote is not None and num_cached < len(keys):
-            local = keys[num_engine_hits:num_cached]
-            num_fetched = _fetch_remote(index, remote, local, keys[num_cached:], counts)
-            if not num_fetched:
-                break
-            num_cached += num_fetched
-            num_cached += _serve(index, keys[num_cached:], counts)
-        return num_cached
+    def _settle(self) -> None:
+        """The I/O in flight lands (while the engine computes, in the real pipeline)."""
+        while self.service.run_pending():
+            self.pipeline.poll()
+        self.pipeline.take_events()  # counted by the tally already
+
+    def _load(self, owner: str, keys: Sequence[BlockKey]) -> int:
+        """Look up `keys` until the answer is final, load the hits; returns how many."""
+        if not keys:
+            return 0
+        pipeline = self.pipeline
+        answer = pipeline.prepare_lookup(owner, keys)
+        while answer.is_pending:
+            if not self.service.run_pending():
+                raise RuntimeError(f"lookup of {owner} is pending with no work queued")
+            answer = pipeline.prepare_lookup(owner, keys)
+        if not answer.num_hits:
+            pipeline.release(owner)
+            return 0
+        plan = pipeline.prepare_load(owner, keys[: answer.num_hits])
+        if plan.missing:  # nothing runs between a replay's lookup and its load
+            raise RuntimeError(f"{len(plan.missing)} chunk(s) of {owner} vanished before loading")
+        for key, row in plan.items():
+            if bytes(self.rows.row(row)) != key[:_ROW_BYTES]:
+                raise RuntimeError(f"chunk {short_hex(key)} loaded from row {row} with other bytes")
+        pipeline.complete_load(plan.keys, ok=True)
+        return answer.num_hits
+
+    def _store(self, prompt: Sequence[int], keys: Sequence[BlockKey], num_cached: int) -> None:
+        """Store the chunks after the first `num_cached` (the engine computed them)."""
+        computed = keys[num_cached:]
+        if not computed:
+            return
+        num_tokens = self.pipeline.index.config.num_tokens_per_chunk
+        plan = self.pipeline.prepare_store(
+            computed,
+            token_ids=prompt[num_cached * num_tokens : len(keys) * num_tokens],
+            parent_key=keys[num_cached - 1] if num_cached else None,
+        )
+        if plan is None:
+            return
+        for key, row in plan.items():
+            self.rows.row(row)[:] = key[:_ROW_BYTES]
+        self.pipeline.complete_store(plan.keys, ok=True)
+        self.counts["num_stored_chunks"] += len(plan.keys)
+
+    def result(self, sizes: SimulationResult) -> SimulationResult:
+        """`sizes` with this replica's counts."""
+        counts = self.counts + self.tally.counts
+        counts["num_promoted_chunks"] = self.service.num_promoted_chunks
+        values: dict[str, Any] = {name: counts[name] for name in COUNTED}
+        return replace(sizes, **values)
+
+
+def _replica(config: IndexConfig, engine_chunks: int, remote: SharedRemote | None) -> _Replica:
+    rows = _Rows(config.num_cpu_rows)
+    disk = None
+    if config.has_disk:
+        store = MemoryStore(capacity_bytes=config.num_disk_chunks * _ROW_BYTES)
+        store.register_namespace(_NAMESPACE, {"kvstore": "simulate"})
+        disk = DiskIO(store, _NAMESPACE, rows, clock=lambda: 0.0)
+    service = InlineTierService(disk, remote=remote, remote_rows=rows, is_recording=False)
+    tally = _Tally()
+    pipeline = TierPipeline(
+        TierIndex(config, clock=lambda: 0.0),
+        service,
+        [tally],
+        num_tokens_per_chunk=config.num_tokens_per_chunk,
+    )
+    return _Replica(pipeline, service, rows, _EngineCache(engine_chunks), tally)
 
 
 def _routes(num_replicas: int, routing: str, seed: int) -> Iterator[int]:
@@ -236,25 +236,13 @@ def simulate_replicas(
         disk_policy=policy,
         admission_min_sightings=admission_min_sightings,
     )
-    replicas = [
-        _Replica(TierIndex(config, clock=lambda: 0.0), _EngineCache(engine_chunks))
-        for _ in range(num_replicas)
-    ]
     remote = SharedRemote(remote_bytes // chunk_bytes) if remote_bytes >= chunk_bytes else None
-    for prompt, replica in zip(trace, _routes(num_replicas, routing, seed), strict=False):
-        replicas[replica].serve(prompt, remote)
-    results = tuple(
-        SimulationResult(
-            policy=policy,
-            num_cpu_rows=cpu_rows,
-            disk_capacity_bytes=disk_bytes,
-            num_tokens_per_chunk=num_tokens_per_chunk,
-            remote_capacity_bytes=remote_bytes,
-            **{name: replica.counts[name] for name in COUNTED},
-        )
-        for replica in replicas
-    )
-    return ReplicaSimulation(routing, results)
+    replicas = [_replica(config, engine_chunks, remote) for _ in range(num_replicas)]
+    routes = _routes(num_replicas, routing, seed)
+    for number, (prompt, replica) in enumerate(zip(trace, routes, strict=False)):
+        replicas[replica].serve(prompt, f"r{number}")
+    sizes = SimulationResult(policy, cpu_rows, disk_bytes, num_tokens_per_chunk, remote_bytes)
+    return ReplicaSimulation(routing, tuple(replica.result(sizes) for replica in replicas))
 
 
 def simulate(
@@ -269,7 +257,7 @@ def simulate(
     admission_min_sightings: int = 1,
     remote_bytes: int = 0,
 ) -> SimulationResult:
-    """Replay prompts (token-id lists) through a fresh index; `policy` is used for both tiers.
+    """Replay prompts (token-id lists) through a fresh pipeline; `policy` is used for both tiers.
 
     `engine_chunks` models the engine's own prefix cache (an LRU of that many chunks, 0 = none):
     chunks it holds are neither looked up nor stored. `remote_bytes` adds a remote tier only this

@@ -1,13 +1,21 @@
-"""The load audit: proof that every chunk kvstore loads is byte-identical to what the engine
-computed when the chunk was stored.
+"""The load audit: each loaded chunk's bytes, as the load job wrote them into the engine's
+blocks, against the digest of the bytes gathered when the chunk was stored.
 
-kvstore's promise is about bytes, not tokens: a hit puts back exactly the KV the engine wrote.
-With `audit_loads` on, a worker records the xxh64 of each chunk slice right after gathering it
-from the engine's blocks (before it ever leaves the worker), and after each load gathers the
-freshly written engine blocks back and compares their digest with the recorded one. Anything
-that changes bytes on the way (a damaged CPU row, a wrong row, wrong block ids, a disk value
-that slipped past its checksum) is a mismatch: counted, logged, and reported to vLLM as a load
-error, so the request is recomputed instead of served from bad KV.
+With `audit_loads` on, a worker records the xxh64 of each chunk slice right after a store job
+gathered it from the engine's blocks into the CPU row (before it ever leaves the worker). After
+each load it gathers the blocks the load job scattered into back into a scratch copy and
+compares that digest with the recorded one. A difference is counted, logged, and reported to
+vLLM as a load error, so the request is recomputed instead of served from bad KV.
+
+What it checks, exactly: that the bytes between the store's gather and the load's scatter did
+not change. It catches a damaged CPU row, a disk value that slipped past its checksum, a row
+read for the wrong key (a row holding another chunk) and a copy that wrote the wrong bytes. It
+**cannot** catch wrong block ids in the jobs: the digest is taken over whatever the store
+gathered, so a gather from the wrong blocks records the wrong bytes as the truth, and the check
+regathers from the very block ids the load scattered into, so a load into the wrong blocks
+reads its own bytes back. `kvstore.oracle.compare_kv` (the KV a load left in the blocks vLLM
+allocated, against a reference engine's) covers those. A chunk stored by another process (e.g.
+before a restart) has no digest here and is counted `unknown`, not verified.
 
 It is a debugging and testing aid (the demo and the engine tests turn it on): it keeps one
 digest per stored chunk in the worker and re-reads every loaded chunk.

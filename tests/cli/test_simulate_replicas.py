@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from kvstore.cli._trace import ChatTraceSpec, make_chat_trace
-from kvstore.keys import BlockKey
-from kvstore.simulate import SharedRemote, SimulationResult, simulate, simulate_replicas
+from kvstore.simulate import SimulationResult, simulate, simulate_replicas
 
 from .helpers import run, run_json
 
@@ -173,19 +172,44 @@ def test_bad_fleets_are_refused() -> None:
         replay([prompt(1, 1)], 2, 0, routing="sticky")
 
 
-def test_shared_remote_probes_without_touching_and_evicts_lru() -> None:
-    a, b, c, d = (BlockKey(bytes([i])) for i in range(4))
-    remote = SharedRemote(3)
-    assert remote.store([a, b, c]) == 0
-    assert remote.num_leading([a, b, d, c]) == 2  # a probe: not an access
-    assert remote.store([d]) == 1  # a was least recently used
-    assert remote.num_leading([a]) == 0
-    remote.fetch([b])  # a GET is an access: c is now the oldest
-    assert remote.store([a]) == 1
-    assert remote.num_leading([b]) == remote.num_leading([d]) == remote.num_leading([a]) == 1
-    assert remote.num_leading([c]) == 0
-    with pytest.raises(ValueError, match="at least one chunk"):
-        SharedRemote(0)
+def test_a_request_is_served_no_more_chunks_than_its_replica_has_cpu_rows() -> None:
+    """Every hit is loaded from a CPU row, and a request's hit is held in CPU until it loads:
+    16 rows serve at most 16 chunks a request, whichever tier they came from. (The replay that
+    re-enacted the pipeline counted up to 32 here: a promotion after a remote fetch evicted the
+    fetched chunks before they were loaded.)"""
+    trace = make_chat_trace(ChatTraceSpec(seed=0))
+    overall, replicas = replay(
+        trace, 4, 512, cpu_rows=16, disk_bytes=128 * CHUNK, routing="random", seed=0
+    )
+    assert max(len(p) for p in trace) // BLOCK > 16  # prompts longer than the CPU tier
+    for result in (overall, *replicas):
+        assert result.num_hit_chunks <= 16 * result.num_requests
+    assert overall.num_disk_hit_chunks > 0 and overall.num_remote_hit_chunks > 0
+
+
+def test_a_load_of_other_bytes_than_were_stored_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replay checks that each loaded row holds the chunk it asked for: a disk read that
+    fills rows with zeros (a planted fault) stops it."""
+    from kvstore.service.disk_io import DiskIO
+
+    read = DiskIO.read
+
+    def zeroing_read(self: DiskIO, items: Any) -> Any:
+        done = read(self, items)
+        for _, row in items:
+            self._rows.row(row)[:] = bytes(len(self._rows.row(row)))
+        return done
+
+    shared = prompt(4, 3)
+    trace = [shared, prompt(5, 2), shared]  # 3 rows: the second prompt evicts most of the first
+    healthy, _ = replay(trace, 1, 0, cpu_rows=3, disk_bytes=16 * CHUNK)
+    assert healthy.num_disk_hit_chunks > 0
+    assert healthy.num_disk_hit_chunks + healthy.num_cpu_hit_chunks == 3
+    monkeypatch.setattr(DiskIO, "read", zeroing_read)
+    with pytest.raises(RuntimeError, match=r"loaded from row \d+ with other bytes"):
+        replay(trace, 1, 0, cpu_rows=3, disk_bytes=16 * CHUNK)
 
 
 # -- the command ------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
   load failed (vLLM recomputes, so no wrong token is served) and the tests' helper fails.
 - Rows swapped between two prompts with the audit off: wrong but valid KV reaches the engine,
   and the tie-aware token comparison reports a divergence at a clear margin.
-- The demo, with rows damaged between turns, says its check FAILED.
+- The demo, with rows damaged between turns, says its check FAILED; so does the demo whose
+  stores gathered the wrong blocks (only its reference-KV check sees that), and the demo where
+  loads were expected and none happened. The healthy demo passes all three checks, with loads.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from typing import Any
 
 import pytest
 
+from kvstore.demo.report import DemoFiles, report_data
 from kvstore.demo.runner import DemoOptions, run_demo
 from kvstore.keys import Tier
 from kvstore.oracle import Verdict, compare_greedy
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
 from tests.support.connector import drain, kvstore_summary
-from tests.support.faults import damage_cpu_rows, swap_cpu_rows
+from tests.support.faults import damage_cpu_rows, plant_wrong_block_ids, swap_cpu_rows
 from tests.support.oracle import assert_audited, assert_same_outputs
 
 pytestmark = pytest.mark.engine
@@ -80,3 +83,49 @@ def test_demo_check_fails_when_loaded_rows_are_damaged(tmp_path: Path) -> None:
     assert not result.is_correct
     assert "DIFFERED" in result.audit.describe()
     assert result.outputs is not None and result.outputs.is_ok  # recomputed, not served
+
+
+def _demo(tmp_path: Path) -> Any:
+    """Five turns of six conversations: turn 4 resends more history than the engine holds."""
+    options = DemoOptions(directory=tmp_path, num_turns=5, metrics_port=None)
+    return run_demo(options, on_progress=lambda m: None)
+
+
+def test_healthy_demo_loads_and_passes_every_check(tmp_path: Path) -> None:
+    result = _demo(tmp_path)
+    assert result.expects_loads and result.loads.num_blocks > 0
+    assert result.kv is not None and result.outputs is not None and result.audit is not None
+    assert result.is_correct, report_data(result, DemoFiles(None, None))["oracle"]
+    assert result.kv.num_compared == result.loads.num_blocks - result.loads.num_failed_blocks
+    assert result.audit.verified >= result.kv.num_compared
+    assert result.outputs.equal_ratio >= 0.9
+    data = report_data(result, DemoFiles(None, None))
+    assert data["outputs"]["equal"] == result.outputs.count(Verdict.EQUAL)
+    assert f"({100 * result.outputs.equal_ratio:.1f}%" in data["oracle"]
+
+
+def test_demo_fails_when_stores_gather_the_wrong_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plant_wrong_block_ids(monkeypatch, "store")
+    result = _demo(tmp_path)
+    assert result.audit is not None and result.audit.is_ok  # consistent with its digests
+    assert result.kv is not None and result.kv.mismatches, result.kv
+    assert not result.is_correct
+    assert "DIFFERED" in report_data(result, DemoFiles(None, None))["oracle"]
+
+
+def test_demo_fails_when_loads_were_expected_but_none_happened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvstore.vllm.scheduler import ConnectorScheduler
+
+    def never_hits(self: Any, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        return 0, False
+
+    monkeypatch.setattr(ConnectorScheduler, "get_num_new_matched_tokens", never_hits)
+    result = _demo(tmp_path)
+    assert result.expects_loads and result.loads.num_blocks == 0
+    assert result.outputs is not None and result.outputs.is_ok  # nothing wrong was served
+    assert not result.is_correct
+    assert "loads were EXPECTED" in report_data(result, DemoFiles(None, None))["oracle"]

@@ -1,4 +1,5 @@
-"""KVStoreConnector inside the real vLLM CPU engine: loads from CPU and disk are exact."""
+"""KVStoreConnector inside the real vLLM CPU engine: loads from CPU and disk are exact (the KV
+they put into the engine equals what an engine without kvstore computes, block by block)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from typing import Any
 import pytest
 
 from kvstore.keys import Tier
-from kvstore.oracle import GreedyRun
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from kvstore.vllm.kv_probe import computed_kv, loaded_kv
 from tests.support.connector import drain, kvstore_summary
-from tests.support.oracle import assert_audited, assert_same_outputs
+from tests.support.oracle import assert_audited, assert_kv_equal, assert_same_outputs
 
 pytestmark = pytest.mark.engine
 
@@ -23,12 +24,13 @@ HIT_TOKENS = 192
 
 
 @pytest.fixture(scope="module")
-def baseline(tiny_model_dir: Path) -> dict[str, list[GreedyRun]]:
-    """Greedy runs without any connector: a cold run, then one from vLLM's prefix cache."""
-    with engine(tiny_model_dir) as llm:
+def baseline(tiny_model_dir: Path) -> dict[str, Any]:
+    """Greedy runs without any connector: a cold run, then one from vLLM's prefix cache; and
+    the KV it computed for every block of the prompts."""
+    with engine(tiny_model_dir) as llm, computed_kv(llm) as computed:
         _, cold = generate_runs(llm, [PROMPT_A, PROMPT_B])
         _, warm = generate_runs(llm, [PROMPT_A, PROMPT_B])
-    return {"cold": cold, "warm": warm}
+    return {"cold": cold, "warm": warm, "kv": computed.blocks}
 
 
 def _check_clean(llm: Any) -> None:
@@ -48,13 +50,15 @@ def test_cpu_tier_hit_is_exact(tiny_model_dir: Path, baseline: dict[str, Any]) -
         _, first = generate_runs(llm, [PROMPT_A])
         drain(llm)
         assert llm.reset_prefix_cache()  # forget the engine's own copy: only kvstore has it
-        second, second_runs = generate_runs(llm, [PROMPT_A])
+        with loaded_kv(llm) as loaded:
+            second, second_runs = generate_runs(llm, [PROMPT_A])
         summary = kvstore_summary(llm)
         vllm_metrics = {m.name: m for m in llm.get_metrics()}
         _check_clean(llm)
     assert_same_outputs(baseline["cold"][:1], first)
     assert_same_outputs(baseline["warm"][:1], second_runs)
     assert_audited(summary, verified=6)
+    assert_kv_equal(baseline["kv"], loaded, num_blocks=6)
     assert summary["tiers"]["cpu"]["hit_tokens"] == HIT_TOKENS
     assert summary["tiers"]["disk"]["hit_tokens"] == 0
     assert second[0].num_cached_tokens == HIT_TOKENS
@@ -78,13 +82,15 @@ def test_disk_tier_hit_is_exact(
         generate_runs(llm, [PROMPT_B])
         drain(llm)
         assert llm.reset_prefix_cache()
-        _, again = generate_runs(llm, [PROMPT_A])
+        with loaded_kv(llm) as loaded:
+            _, again = generate_runs(llm, [PROMPT_A])
         summary = kvstore_summary(llm)
         _check_clean(llm)
         index = scheduler_connector(llm).runtime.index
         assert len(index.ready_keys(Tier.DISK)) == 12
     assert_same_outputs(baseline["warm"][:1], again)
     assert_audited(summary, verified=6)  # disk chunks too: promoted into rows, then loaded
+    assert_kv_equal(baseline["kv"], loaded, num_blocks=6)
     tiers = summary["tiers"]
     assert tiers["disk"]["hit_tokens"] > 0, summary
     assert tiers["cpu"]["hit_tokens"] + tiers["disk"]["hit_tokens"] == HIT_TOKENS
@@ -103,11 +109,13 @@ def test_partial_first_chunk_loads_only_missing_blocks(
         assert llm.reset_prefix_cache()
         generate_runs(llm, [PROMPT_A[:40]])  # the engine caches block 0 of PROMPT_A again
         drain(llm)
-        outputs, runs = generate_runs(llm, [PROMPT_A])
+        with loaded_kv(llm) as loaded:
+            outputs, runs = generate_runs(llm, [PROMPT_A])
         summary = kvstore_summary(llm)
         _check_clean(llm)
     assert_same_outputs(baseline["warm"][:1], runs)
     assert_audited(summary, verified=3)  # the partial first chunk included
+    assert_kv_equal(baseline["kv"], loaded, num_blocks=5)  # the blocks kvstore filled
     assert outputs[0].num_cached_tokens == 192
     assert summary["tiers"]["cpu"]["hit_chunks"] == 3
     assert summary["tiers"]["cpu"]["hit_tokens"] == 160  # what the engine did not have

@@ -1,12 +1,17 @@
-"""Faults planted on purpose, to prove the oracles catch them (no vLLM import here)."""
+"""Faults planted on purpose, to prove the oracles catch them (vLLM is imported only by
+`plant_wrong_block_ids`, when called)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from kvstore.keys import BlockKey, Tier
+import pytest
 
-__all__ = ["cpu_rows_of", "damage_cpu_rows", "swap_cpu_rows"]
+from kvstore.keys import BlockKey, Tier
+from kvstore.transfer.jobs import CopyJob
+
+__all__ = ["cpu_rows_of", "damage_cpu_rows", "plant_wrong_block_ids", "swap_cpu_rows"]
 
 
 def cpu_rows_of(runtime: Any, keys: list[BlockKey]) -> list[int]:
@@ -37,3 +42,31 @@ def swap_cpu_rows(runtime: Any, first: list[BlockKey], second: list[BlockKey]) -
         saved = bytes(region.row(a))
         region.row(a)[:] = region.row(b)
         region.row(b)[:] = saved
+
+
+def _rotated(job: CopyJob) -> CopyJob:
+    """The job with each chunk's block ids taken from the next chunk's (valid blocks of the
+    same request, holding another position's KV); a one-chunk job is left alone."""
+    segments = job.segments
+    rotated = [
+        dataclasses.replace(s, block_ids=segments[(i + 1) % len(segments)].block_ids)
+        for i, s in enumerate(segments)
+    ]
+    return dataclasses.replace(job, segments=tuple(rotated))
+
+
+def plant_wrong_block_ids(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Make every in-process worker copy from/to the wrong engine blocks: `kind="store"`
+    gathers each chunk of a store job from the next chunk's blocks, `kind="load"` scatters each
+    chunk of a load job into them. The jobs' rows, keys and digests stay right."""
+    from kvstore.vllm.worker import ConnectorWorker
+
+    method, field = {"store": ("wait_for_save", "store_jobs"),
+                     "load": ("start_load_kv", "load_jobs")}[kind]  # fmt: skip
+    original = getattr(ConnectorWorker, method)
+
+    def faulty(self: Any, meta: Any) -> None:
+        jobs = [_rotated(job) for job in getattr(meta, field)]
+        original(self, dataclasses.replace(meta, **{field: jobs}))
+
+    monkeypatch.setattr(ConnectorWorker, method, faulty)
