@@ -265,13 +265,13 @@ def lmdb_tier_options_target() -> FuzzTarget | None:
     """`LMDBTierOptions.from_options` (importing it imports vLLM: None when vLLM is missing).
     Its input is `LMDBTier(**options)`'s keyword dict, so keys are always strings."""
     try:
-        from kvstore.vllm.lmdb_tier_options import LMDBTierOptions
+        from kvstore.vllm.lmdb_tier.options import LMDBTierOptions
     except ImportError:
         return None
     keys = [f.name for f in fields(LMDBTierOptions)]
     return FuzzTarget(
         name="config: LMDBTier options",
-        description="`secondary_tiers` options of LMDBTier (kvstore/vllm/lmdb_tier_options.py)",
+        description="`secondary_tiers` options of LMDBTier (kvstore/vllm/lmdb_tier/options.py)",
         strategy=_options(keys),
         exercise=LMDBTierOptions.from_options,
         allowed=(ConfigError,),

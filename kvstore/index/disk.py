@@ -3,7 +3,8 @@
 Entries sized in bytes against a byte budget under an eviction policy, each `storing` ->
 `ready` -> (`removing` ->) dropped, with pins; rebuilt from the store at start (`seed`). Used
 by `TierIndex` (KVStoreConnector's write-through from CPU rows, promotion back into them) and
-by `LMDBTier` (vLLM's own CPU tier cascading into kvstore's disk), so the two cannot drift.
+by `DiskPipeline` (LMDBTier: vLLM's own CPU tier cascading into kvstore's disk), so the two
+cannot drift.
 
 Events go to an `EventLog` the owner shares: a chunk is reported stored when it becomes ready
 (or is found on disk at start) and removed when it stops being served, at most once per store.
@@ -12,7 +13,7 @@ Threading: NOT thread-safe and does no I/O; one owner thread calls everything.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 from kvstore.index.event_log import EventLog
@@ -133,17 +134,9 @@ class DiskIndex:
             pinned.append(entry is not None)
         return pinned
 
-    def finish_read(
-        self,
-        pinned: Iterable[BlockKey],
-        *,
-        corrupt: Sequence[BlockKey] = (),
-        missing: Sequence[BlockKey] = (),
-    ) -> None:
-        """End a read: corrupt and vanished chunks leave service (reported removed once), then
-        the read's pins go (a chunk out of service is freed at its last pin)."""
-        self.discard(corrupt, "corrupt")
-        self.discard(missing, "missing")
+    def finish_read(self, pinned: Iterable[BlockKey]) -> None:
+        """End a read: its pins go (a chunk taken out of service meanwhile is freed at its
+        last pin). Chunks the read found corrupt or gone leave through `discard`."""
         table = self.table
         for key in pinned:
             entry = table.entries.get(key)

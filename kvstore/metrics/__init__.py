@@ -29,7 +29,7 @@ from kvstore.metrics.labels import (
 )
 from kvstore.metrics.names import METRIC_NAMES, SERVE_METRIC_NAMES
 from kvstore.metrics.recorder import KVStoreMetrics, register_build_info
-from kvstore.metrics.server import MetricsServer, start_metrics_server
+from kvstore.metrics.server import MetricsServer, serve_configured_metrics, start_metrics_server
 from kvstore.metrics.stats import (
     DirectionStats,
     StatsFormatError,
@@ -57,6 +57,7 @@ __all__ = [
     "TransferStats",
     "TransferStatsAccumulator",
     "register_build_info",
+    "serve_configured_metrics",
     "start_metrics_server",
     "store_snapshot",
 ]

@@ -9,7 +9,9 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-__all__ = ["MetricsServer", "start_metrics_server"]
+from kvstore.errors import ConfigError
+
+__all__ = ["MetricsServer", "serve_configured_metrics", "start_metrics_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,3 +60,19 @@ def start_metrics_server(
     bound_port = int(server.server_port)
     logger.info("serving metrics on http://%s:%d/metrics", host, bound_port)
     return MetricsServer(host=host, port=bound_port, _server=server, _thread=thread)
+
+
+def serve_configured_metrics(
+    port: int | None, host: str, *, registry: CollectorRegistry, port_label: str
+) -> MetricsServer | None:
+    """The endpoint an integration's config asks for (None without a port). A port that
+    cannot be bound stops the start with a ConfigError naming `port_label` (the key, as the
+    integration's errors name it)."""
+    if port is None:
+        return None
+    try:
+        return start_metrics_server(port, host=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"{port_label}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc

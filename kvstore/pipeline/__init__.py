@@ -1,5 +1,13 @@
-"""The data path engine -> CPU -> {disk, remote} and back, as prepare/complete operations."""
+"""The data path engine -> CPU -> {disk, remote} and back, as prepare/complete operations.
 
-from kvstore.pipeline.pipeline import LookupAnswer, PipelineObserver, TierPipeline
+`TierPipeline` is the connector's full pipeline; `DiskPipeline` its disk-only configuration
+(LMDBTier's); both move bytes to and from disk by the same rules (`disk_steps.DiskSteps`) and
+report through the same observers (`observers.Observers`). `disk_tier.open_disk_tier` starts
+the disk tier for either.
+"""
 
-__all__ = ["LookupAnswer", "PipelineObserver", "TierPipeline"]
+from kvstore.pipeline.disk import DiskPipeline
+from kvstore.pipeline.observers import PipelineObserver
+from kvstore.pipeline.pipeline import LookupAnswer, TierPipeline
+
+__all__ = ["DiskPipeline", "LookupAnswer", "PipelineObserver", "TierPipeline"]

@@ -6,7 +6,8 @@ place: a lookup that finds disk-only chunks promotes them into CPU rows and answ
 until they land; loads pin CPU rows until they complete; a completed store is written through
 to disk; failed work rolls back and is counted; every placement change becomes an event that
 every observer sees once. Adapters (vLLM's scheduler half) translate their calls into these
-operations and decide nothing about tiers.
+operations and decide nothing about tiers. The disk rules (queueing, roll-back, completions,
+discard reasons, touches) are `DiskSteps`, shared with the disk-only `DiskPipeline`.
 
 Threading: one owner thread (vLLM's scheduler thread) calls everything; the service's results
 are applied at the owner's next call (`poll`), so the index stays single-threaded.
@@ -15,7 +16,7 @@ are applied at the owner's next call (`poll`), so the index stays single-threade
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +25,8 @@ from kvstore.index import TierIndex
 from kvstore.index.event_log import EventLog
 from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
+from kvstore.pipeline.disk_steps import DiskSteps, DiskSubmitter, RowsOnDisk
+from kvstore.pipeline.observers import Observers, PipelineObserver
 from kvstore.pipeline.remote import RemoteSteps, RemoteTierIO
 from kvstore.service import (
     PromotionDone,
@@ -40,19 +43,7 @@ __all__ = ["LookupAnswer", "PipelineObserver", "PipelineService", "TierPipeline"
 logger = logging.getLogger(__name__)
 
 
-class PipelineObserver(Protocol):
-    """What the pipeline reports (`kvstore.metrics.KVStoreMetrics` is one)."""
-
-    def record_lookup(
-        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
-    ) -> None: ...
-
-    def record_load_failure(self, num_chunks: int) -> None: ...
-
-    def record_events(self, events: Sequence[TierEvent]) -> None: ...
-
-
-class PipelineService(Protocol):
+class PipelineService(DiskSubmitter, Protocol):
     """The I/O the pipeline asks for (`kvstore.service.TierService` on threads,
     `kvstore.service.inline.InlineTierService` on the caller's thread)."""
 
@@ -61,16 +52,6 @@ class PipelineService(Protocol):
 
     @property
     def remote(self) -> RemoteTierIO | None: ...
-
-    def submit_write(
-        self, items: Sequence[tuple[BlockKey, int]], victims: Sequence[BlockKey]
-    ) -> bool: ...
-
-    def submit_promotion(
-        self, items: Sequence[tuple[BlockKey, int]], tag: object = None
-    ) -> bool: ...
-
-    def submit_touch(self, keys: Sequence[BlockKey]) -> None: ...
 
     def publish(self, events: Sequence[TierEvent]) -> None: ...
 
@@ -116,11 +97,11 @@ class TierPipeline:
     ) -> None:
         self._index = index
         self._service = service
-        self._observers = list(observers)
+        self._observers = Observers(observers, service.publish)
         self._num_tokens_per_chunk = num_tokens_per_chunk
         self._owners: dict[str, _Owner] = {}
         self._promoted_by: dict[BlockKey, str] = {}
-        self._events: list[TierEvent] = []
+        self._disk = DiskSteps(service, RowsOnDisk(index))
         self._remote_log = EventLog(num_tokens_per_chunk)
         self._remote = (
             RemoteSteps(index, service.remote, self._remote_log)
@@ -133,7 +114,7 @@ class TierPipeline:
         return self._index
 
     def add_observer(self, observer: PipelineObserver) -> None:
-        self._observers.append(observer)
+        self._observers.add(observer)
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -176,8 +157,7 @@ class TierPipeline:
         state.held.update(plan.held)
         if not plan.keys:
             return False
-        if not self._service.submit_promotion(list(plan.items())):
-            self._index.complete_promotion(plan.keys, False)
+        if not self._disk.read(list(plan.items())):
             return False
         state.promoting.update(plan.keys)
         for key in plan.keys:
@@ -198,8 +178,7 @@ class TierPipeline:
         for i, tier in enumerate(tiers):
             chunks, tokens = hits[tier]
             hits[tier] = (chunks + 1, tokens + chunk_tokens - (skip_tokens if i == 0 else 0))
-        for observer in self._observers:
-            observer.record_lookup(num_chunks, num_chunks * chunk_tokens - skip_tokens, hits)
+        self._observers.record_lookup(num_chunks, num_chunks * chunk_tokens - skip_tokens, hits)
 
     def release(self, owner: str) -> None:
         """The requester will not load what its lookup held (abandoned or asked again)."""
@@ -220,24 +199,27 @@ class TierPipeline:
     # -- loads ------------------------------------------------------------------------------
 
     def prepare_load(self, owner: str, keys: Sequence[BlockKey]) -> LoadPlan:
-        """Pin the chunks for a CPU -> engine copy (the lookup's holds pass to the pins)."""
+        """Pin the chunks for a CPU -> engine copy (the lookup's holds pass to the pins); a
+        chunk gone since the lookup is `missing` (recomputed: counted as a failed load)."""
         plan = self._index.prepare_load(keys)
         state = self._owners.get(owner)
         if state is not None:
             self._release_holds(state)
         if self._remote is not None:
             self._remote.release(owner)
-        self._service.submit_touch(plan.keys)  # last access and hit count on disk, batched
         if plan.missing:
             logger.warning("kvstore: %d chunk(s) vanished before their load; recomputed",
                            len(plan.missing))  # fmt: skip
+            self._observers.record_load_failure(len(plan.missing))
         return plan
 
     def complete_load(self, keys: Sequence[BlockKey], *, ok: bool) -> None:
+        """The copy landed (their disk records are touched: a hit) or failed (counted)."""
         self._index.complete_load(keys)
-        if not ok:
-            for observer in self._observers:
-                observer.record_load_failure(len(keys))
+        if ok:
+            self._disk.served(keys)
+        else:
+            self._observers.record_load_failure(len(keys))
 
     # -- stores -----------------------------------------------------------------------------
 
@@ -267,10 +249,7 @@ class TierPipeline:
             self._index.plan_write_through()  # drops the candidates: no disk to write to
             return
         plan = self._index.plan_write_through()
-        if not plan.keys and not plan.evicted:
-            return
-        if not self._service.submit_write(list(plan.items()), list(plan.evicted)):
-            self._index.complete_write_through(plan.keys, False)
+        self._disk.write(list(plan.items()), list(plan.evicted))
 
     # -- completions, events ----------------------------------------------------------------
 
@@ -278,8 +257,7 @@ class TierPipeline:
         """Apply the tier service's finished work (disk writes, promotions)."""
         for done in self._service.drain_completions():
             if isinstance(done, WriteDone):
-                self._index.complete_write_through(done.ok, True)
-                self._index.complete_write_through(done.failed, False)
+                self._disk.finish_write(done)
             elif isinstance(done, PromotionDone):
                 self._finish_promotion(done)
             else:
@@ -304,13 +282,7 @@ class TierPipeline:
 
     def _finish_promotion(self, done: PromotionDone) -> None:
         index = self._index
-        index.complete_promotion(done.ok, True)
-        lost = done.failed + done.corrupt + done.missing
-        index.complete_promotion(lost, False)
-        if done.corrupt:
-            index.discard(done.corrupt, Tier.DISK, "corrupt")
-        if done.missing:
-            index.discard(done.missing, Tier.DISK, "missing")
+        lost = self._disk.finish_read(done)
         landed = set(done.ok)
         for key in done.ok + lost:
             owner = self._promoted_by.pop(key, None)
@@ -331,17 +303,10 @@ class TierPipeline:
     def take_events(self) -> list[TierEvent]:
         """Placement events since the last call (already counted by every observer)."""
         self._pump_events()
-        events, self._events = self._events, []
-        return events
+        return self._observers.take_events()
 
     def _pump_events(self) -> None:
-        events = self._index.take_events() + self._remote_log.take()
-        if not events:
-            return
-        for observer in self._observers:
-            observer.record_events(events)
-        self._service.publish(events)
-        self._events.extend(events)
+        self._observers.record_events(self._index.take_events() + self._remote_log.take())
 
     def settle(self) -> None:
         """Apply finished disk work now (tests and shutdown)."""

@@ -287,8 +287,16 @@ class TierService:
         if self._publisher is not None and events and not self._is_closing:
             self._loop_thread.call_soon(self._publisher.publish, list(events))
 
-    def drain_completions(self) -> list[Completion]:
+    def drain_completions(self, timeout_s: float = 0.0) -> list[Completion]:
+        """The results finished since the last call. With `timeout_s`, when none is ready,
+        block (the owner thread) until the first arrives or `timeout_s` passed: for drains and
+        shutdown, never the step path."""
         out: list[Completion] = []
+        if timeout_s > 0:
+            try:
+                out.append(self._completions.get(timeout=timeout_s))
+            except queue.Empty:
+                return out
         while True:
             try:
                 out.append(self._completions.get_nowait())

@@ -9,7 +9,6 @@ sinks, sync and close LMDB, remove the shared region.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -18,32 +17,26 @@ from kvstore.config import KVStoreConfig
 from kvstore.errors import ConfigError
 from kvstore.eventbus import EventBus, JSONLSink, ZMQPublisherSink
 from kvstore.eventbus.sink import EventSink
-from kvstore.index import IndexConfig, SeedEntry, TierIndex
-from kvstore.keys import BlockKey, Tier
+from kvstore.index import IndexConfig, TierIndex
+from kvstore.keys import Tier
 from kvstore.metrics import (
     AUDIT_RESULTS,
     Direction,
-    IOOp,
     KVStoreMetrics,
     MetricsServer,
     Occupancy,
-    start_metrics_server,
+    serve_configured_metrics,
     store_snapshot,
 )
 from kvstore.namespace import NamespaceDescriptor, namespace_id
 from kvstore.pipeline import TierPipeline
+from kvstore.pipeline.disk_tier import DiskTierRequest, OpenedDisk, open_disk_tier
 from kvstore.remote import RemoteAuthError, RemoteChunks, RemoteStore
 from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO
 from kvstore.vllm.geometry import EngineGeometry
 from tiers.cpu import CPURegion, reclaim_stale_regions
-from tiers.errors import (
-    NamespaceError,
-    StoreDamagedError,
-    StoreIOError,
-    TierConfigError,
-    TierError,
-)
+from tiers.errors import NamespaceError, TierError
 from tiers.lmdb import LMDBStore
 
 __all__ = ["SchedulerRuntime"]
@@ -85,9 +78,9 @@ class SchedulerRuntime:
         """1. the CPU region, 2. the disk store and the index (seeded from it), 3. the tier
         service (disk and remote I/O, event sinks), 4. the pipeline, 5. the metrics."""
         num_rows = self.num_cpu_rows = self._start_region()
-        if self.config.disk_path is not None:
-            self.store = self._open_store(self.config.disk_path, self.config.disk_bytes)
-        self.index = self._start_index(num_rows)
+        disk = self._open_disk()
+        self.store = disk.store if disk is not None else None
+        self.index = self._start_index(num_rows, disk)
         self.service = self._start_service()
         self.pipeline = TierPipeline(
             self.index,
@@ -112,27 +105,39 @@ class SchedulerRuntime:
         )
         return num_rows
 
-    def _start_index(self, num_rows: int) -> TierIndex:
+    def _open_disk(self) -> OpenedDisk | None:
+        """The disk tier, opened and scanned (`open_disk_tier`: a damaged file means the CPU
+        tier only, loudly; a bad path or too small a budget is a config error)."""
+        config = self.config
+        if config.disk_path is None:
+            return None
+        request = DiskTierRequest(
+            path=config.disk_path,
+            capacity_bytes=config.disk_bytes,
+            namespace=self.namespace,
+            chunk_bytes=self.geometry.row_bytes,
+            path_label="disk_path",
+            capacity_label="disk_bytes",
+            fallback="running with the CPU tier only",
+        )  # the namespace is registered with the worker's chunk layout (register_layout)
+        return open_disk_tier(request, self.metrics)
+
+    def _start_index(self, num_rows: int, disk: OpenedDisk | None) -> TierIndex:
         config, geo = self.config, self.geometry
         index = TierIndex(
             IndexConfig(
                 num_cpu_rows=num_rows,
                 chunk_bytes=geo.row_bytes,
                 num_tokens_per_chunk=geo.num_tokens_per_chunk,
-                disk_capacity_bytes=config.disk_bytes if self.store is not None else 0,
+                disk_capacity_bytes=disk.budget_bytes if disk is not None else 0,
                 cpu_policy=config.eviction_policy,
                 disk_policy=config.disk_eviction_policy or config.eviction_policy,
                 write_policy=config.write_policy,
                 admission_min_sightings=config.admission_min_sightings,
             )
         )
-        seeds = self._seed_entries() if self.store is not None else []
-        if seeds:
-            unfit = index.seed_disk(seeds)
-            self.num_servable_chunks = len(seeds) - len(unfit)  # in the connector's start line
-            if unfit and self.store is not None:  # over today's disk_bytes: oldest go
-                self.store.delete_many(self.namespace, list(unfit))
-                logger.info("kvstore: deleted %d chunks beyond disk_bytes", len(unfit))
+        if disk is not None:
+            self.num_servable_chunks = disk.seed(index.seed_disk)  # in the start-up line
         return index
 
     def _start_service(self) -> TierService:
@@ -166,38 +171,6 @@ class SchedulerRuntime:
             remote_config.endpoint.display(), "on" if remote_config.enable_write else "off"
         )  # in the connector's start line
         return RemoteChunks(store, self.descriptor)
-
-    def _open_store(self, path: Path, capacity_bytes: int) -> LMDBStore | None:
-        """The disk tier's store; None (CPU tier only, loudly) when the file is damaged: a bad
-        file must not stop the engine. A bad path or an incompatible store is a config error."""
-        try:
-            return LMDBStore.open(path, capacity_bytes=capacity_bytes)
-        except (StoreDamagedError, StoreIOError) as exc:
-            logger.error(
-                "kvstore: the disk store at %s cannot be read (%s); running with the CPU tier "
-                "only. Inspect it with `kvstore verify %s`, or move it aside to start afresh.",
-                path, exc, path,
-            )  # fmt: skip
-            self.metrics.record_io_error(IOOp.OPEN)
-            return None
-        except (TierConfigError, NamespaceError) as exc:
-            raise ConfigError(f"disk_path: {exc}") from exc
-
-    def _seed_entries(self) -> list[SeedEntry]:
-        store = self.store
-        assert store is not None
-        if self.namespace not in store.namespaces():
-            return []
-        entries, bad = [], []
-        for meta in store.iter_meta(self.namespace):
-            if meta.size_bytes != self.geometry.row_bytes:
-                bad.append(meta.key)  # never serve a value of the wrong size
-                continue
-            entries.append(SeedEntry(BlockKey(meta.key), meta.size_bytes, meta.last_access_s))
-        if bad:
-            store.delete_many(self.namespace, bad)
-            logger.warning("kvstore: deleted %d chunks of the wrong size from disk", len(bad))
-        return entries
 
     def _event_bus(self) -> EventBus | None:
         config = self.config
@@ -233,16 +206,10 @@ class SchedulerRuntime:
         if store is not None:
             self.metrics.set_occupancy_source(Tier.DISK, self._occupancy_source(Tier.DISK, None))
             self.metrics.set_store_source(lambda: store_snapshot(store))
-        if config.metrics_port is not None:
-            try:
-                self.metrics_server = start_metrics_server(
-                    config.metrics_port, host=config.metrics_host, registry=self.registry
-                )
-            except OSError as exc:
-                raise ConfigError(
-                    f"metrics_port: cannot listen on {config.metrics_host}:{config.metrics_port}"
-                    f": {exc.strerror or exc}"
-                ) from exc
+        self.metrics_server = serve_configured_metrics(
+            config.metrics_port, config.metrics_host, registry=self.registry,
+            port_label="metrics_port",
+        )  # fmt: skip
 
     def _occupancy_source(self, tier: Tier, num_rows: int | None) -> Any:
         def read() -> Occupancy:

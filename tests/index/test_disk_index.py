@@ -39,12 +39,14 @@ def test_a_corrupt_chunk_pinned_by_two_reads_is_removed_once_and_freed_at_the_la
     log.take()
     assert index.pin([K[0]]) == [True]
     assert index.pin([K[0]]) == [True]
-    index.finish_read([K[0]], corrupt=[K[0]])
+    index.discard([K[0]], "corrupt")
+    index.finish_read([K[0]])
     assert not index.is_ready(K[0])
     plan = reserve(index, [K[0], K[1]])  # K[0] is still pinned by the second read
     assert (plan.keys, plan.skipped) == ((K[1],), (K[0],))
     index.complete([K[1]], True)
-    index.finish_read([K[0]], missing=[K[0]])  # the second read found it deleted
+    index.discard([K[0]], "deleted")  # the second read found it deleted: already out
+    index.finish_read([K[0]])
     assert removed_keys(log.take()) == [K[0]]
     assert index.occupancy().num_entries == 1
     stored(index, [K[0]])  # freed: it can be stored again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +92,20 @@ def test_drain_jobs_waits_for_the_copies(
     assert gate.entered.wait(5)
     threading.Timer(0.2, gate.open).start()
     assert timed(tier.drain_jobs) >= 0.1
+    assert [r.job_id for r in tier.get_finished_jobs()] == [1]
+
+
+def test_drain_jobs_past_its_deadline_says_so_and_waits_on(
+    harness: Harness, gate: Gate, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = harness.open(shutdown_timeout_s=0.1)
+    monkeypatch.setattr(tier.store, "put_many", gate.wrap(tier.store.put_many))
+    tier.submit_store(job(1, [key(0)], [0]))
+    assert gate.entered.wait(5)
+    threading.Timer(0.5, gate.open).start()
+    with caplog.at_level(logging.WARNING, logger="kvstore.vllm.lmdb_tier.tier"):
+        assert timed(tier.drain_jobs) >= 0.4  # vLLM must not reuse the slot mid-copy
+    assert "still running" in caplog.text
     assert [r.job_id for r in tier.get_finished_jobs()] == [1]
 
 

@@ -4,8 +4,7 @@ failure path. Each test runs in milliseconds; the real-engine tests prove the wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -16,6 +15,8 @@ from kvstore.pipeline import TierPipeline
 from kvstore.service.disk_io import DiskIO
 from kvstore.service.inline import InlineTierService
 from tiers.memory import MemoryStore
+
+from .doubles import Observer
 
 CHUNK_BYTES = 64
 TOKENS = 16
@@ -36,24 +37,6 @@ class Rows:
 
     def row(self, index: int) -> memoryview:
         return memoryview(self.data)[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
-
-
-@dataclass
-class Observer:
-    lookups: list[tuple[int, int, dict[Tier, tuple[int, int]]]] = field(default_factory=list)
-    load_failures: list[int] = field(default_factory=list)
-    events: list[TierEvent] = field(default_factory=list)
-
-    def record_lookup(
-        self, num_chunks: int, num_tokens: int, hits_by_tier: Mapping[Tier, tuple[int, int]]
-    ) -> None:
-        self.lookups.append((num_chunks, num_tokens, dict(hits_by_tier)))
-
-    def record_load_failure(self, num_chunks: int) -> None:
-        self.load_failures.append(num_chunks)
-
-    def record_events(self, events: Sequence[TierEvent]) -> None:
-        self.events.extend(events)
 
 
 @dataclass
@@ -155,8 +138,9 @@ def test_a_cpu_hit_holds_then_loads_then_unpins(rig: Rig) -> None:
     assert answer.tiers == (Tier.CPU, Tier.CPU) and not answer.is_pending
     assert rig.observer.lookups == [(3, 3 * TOKENS, _hits(cpu=(2, 2 * TOKENS)))]
     plan = rig.pipeline.prepare_load("r1", ks(1, 2))
-    assert plan.keys == tuple(ks(1, 2)) and rig.service.touched == ks(1, 2)
+    assert plan.keys == tuple(ks(1, 2)) and rig.service.touched == []
     rig.pipeline.complete_load(plan.keys, ok=True)
+    assert rig.service.touched == ks(1, 2)  # served: a hit on the disk records
     assert rig.index.stats().cpu.num_pinned == 0 and rig.index.stats().num_holds == 0
     rig.index.check_invariants()
 
@@ -176,6 +160,7 @@ def test_a_failed_load_is_reported_so_the_engine_recomputes(rig: Rig) -> None:
     plan = rig.pipeline.prepare_load("r1", ks(1))
     rig.pipeline.complete_load(plan.keys, ok=False)
     assert rig.observer.load_failures == [1]
+    assert rig.service.touched == []  # not served: no hit
     assert rig.index.stats().cpu.num_pinned == 0
 
 
@@ -183,6 +168,7 @@ def test_a_chunk_gone_before_its_load_is_missing(rig: Rig) -> None:
     rig.store_chunks(ks(1))
     plan = rig.pipeline.prepare_load("r1", ks(1, 2))
     assert plan.keys == (k(1),) and plan.missing == (k(2),)
+    assert rig.observer.load_failures == [1]  # recomputed
     rig.pipeline.complete_load(plan.keys, ok=True)
 
 
@@ -239,8 +225,10 @@ def test_a_failed_promotion_answers_the_cpu_prefix_only() -> None:
     rig.index.check_invariants()
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_a_corrupt_or_vanished_disk_chunk_is_discarded_with_its_reason(damage: str) -> None:
+@pytest.mark.parametrize(("damage", "reason"), [("corrupt", "corrupt"), ("missing", "deleted")])
+def test_a_corrupt_or_vanished_disk_chunk_is_discarded_with_its_reason(
+    damage: str, reason: str
+) -> None:
     rig = make_rig(num_cpu_rows=2)
     rig.store_chunks(ks(1))
     rig.settle()
@@ -254,7 +242,7 @@ def test_a_corrupt_or_vanished_disk_chunk_is_discarded_with_its_reason(damage: s
     assert rig.pipeline.prepare_lookup("r1", ks(1)).num_hits == 0
     assert rig.index.state_of(Tier.DISK, k(1)) is None
     removed = [e for e in rig.observer.events if isinstance(e, ChunkRemoved)]
-    assert any(e.tier is Tier.DISK and k(1) in e.keys and e.reason == damage for e in removed)
+    assert any(e.tier is Tier.DISK and k(1) in e.keys and e.reason == reason for e in removed)
     rig.index.check_invariants()
 
 

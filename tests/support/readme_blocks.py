@@ -110,7 +110,7 @@ def validate_extra_config(extra: Mapping[str, Any]) -> None:
 
 def validate_transfer_configs(text: str) -> int:
     """Parse and validate every `--kv-transfer-config '...'` in `text`; how many there were."""
-    from kvstore.vllm.lmdb_tier_options import LMDBTierOptions
+    from kvstore.vllm.lmdb_tier.options import LMDBTierOptions
 
     configs = [json.loads(raw) for raw in _TRANSFER_CONFIG.findall(text)]
     for config in configs:

@@ -1,9 +1,10 @@
 """`LMDBTier`'s vLLM jobs in flight, and the `JobResult` each one ends with.
 
-The tier service answers in its own units: writes queued together are merged into one
+The pipeline answers in the tier service's units: writes queued together are merged into one
 transaction, so one `WriteDone` may answer several store jobs (matched by key: keys being
 stored are distinct, the index never reserves a key twice); each read answers one load job
-(matched by its tag, the job id). `TierJobs` maps those answers back onto vLLM's jobs.
+(matched by its tag, the job id). `TierJobs` maps those answers back onto vLLM's jobs; the
+pipeline has already applied them to the tier.
 
 Results carry `transfer_bytes` and `transfer_time` only for the bytes a job really moved: a
 job that did no I/O (everything already on disk, nothing fit, refused, bad chunk ids) reports
@@ -22,7 +23,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 from kvstore.keys import BlockKey, short_hex
 from kvstore.service import PromotionDone, WriteDone
 
-__all__ = ["LoadJob", "TierJobs"]
+__all__ = ["TierJobs"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +39,6 @@ class _StoreJob:
     duration_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class LoadJob:
-    """A load job: the keys as vLLM gave them, and those pinned in the index for the read."""
-
-    keys: tuple[OffloadKey, ...]
-    pinned: tuple[BlockKey, ...]
-
-
 class TierJobs:
     """Store and load jobs in flight and the finished jobs' results.
 
@@ -56,7 +49,7 @@ class TierJobs:
         self._slot_bytes = slot_bytes
         self._stores: dict[int, _StoreJob] = {}
         self._writing: dict[BlockKey, int] = {}  # key being written -> its store job
-        self._loads: dict[int, LoadJob] = {}
+        self._loads: dict[int, tuple[OffloadKey, ...]] = {}  # job id -> its keys
         self._results: list[JobResult] = []
 
     @property
@@ -75,6 +68,13 @@ class TierJobs:
     def finish_now(self, job_id: int, *, success: bool) -> None:
         """End a job that did no I/O."""
         self._results.append(JobResult(job_id, success=success, transfer_bytes=0))
+
+    def finished(self, done: WriteDone | PromotionDone) -> None:
+        """Credit a result of the pipeline to the jobs it answers."""
+        if isinstance(done, WriteDone):
+            self.writes_done(done)
+        else:
+            self.load_done(done)
 
     # -- stores -----------------------------------------------------------------------------
 
@@ -112,19 +112,19 @@ class TierJobs:
 
     # -- loads ------------------------------------------------------------------------------
 
-    def start_load(self, job_id: int, job: LoadJob) -> None:
-        self._loads[job_id] = job
+    def start_load(self, job_id: int, keys: tuple[OffloadKey, ...]) -> None:
+        self._loads[job_id] = keys
 
-    def load_done(self, done: PromotionDone) -> LoadJob | None:
-        """End the load job `done` answers; returns it (None for an unknown tag)."""
+    def load_done(self, done: PromotionDone) -> None:
+        """End the load job `done` answers (by its tag)."""
         job_id = done.tag
         if not isinstance(job_id, int) or job_id not in self._loads:
             logger.warning("LMDBTier: a read finished for unknown job %r", job_id)
-            return None
-        job = self._loads.pop(job_id)
+            return
+        keys = self._loads.pop(job_id)
         loaded = set(done.ok)
-        successful = tuple(key for key in job.keys if BlockKey(key) in loaded)
-        is_ok = len(successful) == len(job.keys)
+        successful = tuple(key for key in keys if BlockKey(key) in loaded)
+        is_ok = len(successful) == len(keys)
         self._results.append(
             JobResult(
                 job_id,
@@ -134,7 +134,6 @@ class TierJobs:
                 transfer_bytes=done.num_bytes,
             )
         )
-        return job
 
     # -- shutdown ---------------------------------------------------------------------------
 
