@@ -50,6 +50,11 @@ class StoreExporter:
             self.store.close()
 
 
+class ListenError(Exception):
+    """The metrics endpoint could not bind (not an OSError: `cli_errors` must not take it for
+    a store's I/O error)."""
+
+
 def serve_store(path: Path, *, port: int, host: str = "127.0.0.1") -> StoreExporter:
     """Open the store at `path` read-only and serve its metrics (port 0 picks a free one).
 
@@ -68,7 +73,11 @@ def serve_store(path: Path, *, port: int, host: str = "127.0.0.1") -> StoreExpor
         registry = CollectorRegistry()
         registry.register(StoreCollector(lambda: store_snapshot(store)))
         register_build_info(registry)
-        server = start_metrics_server(port, host, registry=registry)
+        try:
+            server = start_metrics_server(port, host, registry=registry)
+        except OSError as exc:  # the port is taken, or the host is not an address here
+            raise ListenError(f"cannot listen on {host}:{port} (--host/--port): "
+                              f"{exc.strerror or exc}") from exc  # fmt: skip
     except BaseException:
         store.close()
         raise
@@ -91,9 +100,8 @@ def serve(
     try:
         with cli_errors():  # not a store: exit 2; a store LMDB cannot read: exit 1
             exporter = serve_store(store, port=port, host=host)
-    except OSError as exc:  # the port is taken, or the host is not an address of this machine
-        where = f"{host}:{port} (--host/--port)"
-        fail(f"cannot listen on {where}: {exc.strerror or exc}", EXIT_FAILURE)
+    except ListenError as exc:
+        fail(str(exc), EXIT_FAILURE)
     stop = threading.Event()
     err_console().print(f"serving metrics for {store} on {exporter.url}")
     try:
