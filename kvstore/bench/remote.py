@@ -112,11 +112,13 @@ def _ttft(
 ) -> dict[str, list[float]]:
     prompt_bytes = num_tokens * BENCH_SPEC.kv_bytes_per_token
     chunks = (num_tokens - 1) // _BLOCK_TOKENS
-    writer = {"cpu_bytes": 2 * prompt_bytes + (8 << 20), "remote_url": url,
-              "remote_queue_chunks": 4 * chunks}  # fmt: skip
-    reader = {"cpu_bytes": 2 * prompt_bytes + (8 << 20), "remote_url": url, "remote_write": False,
+    cpu_bytes = 2 * prompt_bytes + (8 << 20)
+    num_fillers = _num_fillers(cpu_bytes, num_tokens)
+    writer = {"cpu_bytes": cpu_bytes, "remote_url": url, "remote_queue_chunks": 4 * chunks}
+    reader = {"cpu_bytes": cpu_bytes, "remote_url": url, "remote_write": False,
               "disk_path": str(workdir / "reader-store"),
-              "disk_bytes": 2 * (repeats + 4) * prompt_bytes}  # fmt: skip
+              "disk_bytes": 2 * (repeats + num_fillers + 2) * prompt_bytes,
+              "disk_queue_chunks": 4 * chunks}  # fmt: skip
     times: dict[str, list[float]] = {"recompute": [], "engine_cache": [], "kvstore_remote": []}
     prompts = [synthetic_prompt(500 + r, num_tokens) for r in range(repeats)]
     with (
@@ -136,21 +138,30 @@ def _ttft(
             with b.expect_hits("remote", chunks * _BLOCK_TOKENS):
                 times["kvstore_remote"].append(b.ttft_s(prompt))  # replica B: a remote hit
             b.wait_settled()
-        times["kvstore_disk_copy"] = _disk_copy_hits(b, prompts, chunks, num_tokens)
+        times["kvstore_disk_copy"] = _disk_copy_hits(b, prompts, chunks, num_fillers)
     return times
 
 
+def _num_fillers(cpu_bytes: int, num_tokens: int) -> int:
+    """Prompts to store after the measured ones so that none of their chunks is left in B's CPU
+    tier: together they hold more chunks than the tier has rows (LRU evicts the oldest)."""
+    chunk_bytes = _BLOCK_TOKENS * BENCH_SPEC.kv_bytes_per_token
+    return cpu_bytes // chunk_bytes // (num_tokens // _BLOCK_TOKENS) + 1
+
+
 def _disk_copy_hits(
-    b: BenchEngine, prompts: Sequence[Sequence[int]], chunks: int, num_tokens: int
+    b: BenchEngine, prompts: Sequence[Sequence[int]], chunks: int, num_fillers: int
 ) -> list[float]:
-    """Push `prompts` out of B's CPU tier, then time each again: served from B's disk copy."""
-    for k in range(2):
+    """Push `prompts` out of B's CPU tier, then time each again: served from B's disk copy
+    alone (a hit that also took chunks from the CPU tier or Redis would time something else)."""
+    num_tokens = len(prompts[0])
+    for k in range(num_fillers):
         b.ttft_s(synthetic_prompt(900 + k, num_tokens))
         b.wait_settled()
     times = []
     for prompt in prompts:
         b.reset_prefix_cache()
-        with b.expect_hits("disk", chunks * _BLOCK_TOKENS // 2):  # a promotion may evict a tail
+        with b.expect_hits("disk", chunks * _BLOCK_TOKENS, is_sole_tier=True):
             times.append(b.ttft_s(prompt))
         b.wait_settled()
     return times

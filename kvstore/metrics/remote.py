@@ -13,7 +13,9 @@ from kvstore.metrics.labels import DURATION_BUCKETS_S
 
 __all__ = ["BREAKER_STATES", "REMOTE_OPS", "RemoteMetrics"]
 
-REMOTE_OPS: tuple[str, ...] = ("exists", "get", "put", "delete", "scan", "descriptor", "connect")
+REMOTE_OPS: tuple[str, ...] = (
+    "exists", "get", "touch", "put", "delete", "scan", "descriptor", "connect",
+)  # fmt: skip
 BREAKER_STATES: tuple[str, ...] = ("closed", "half_open", "open")  # BreakerState 0, 1, 2
 
 

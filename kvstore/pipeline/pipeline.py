@@ -180,6 +180,19 @@ class TierPipeline:
             hits[tier] = (chunks + 1, tokens + chunk_tokens - (skip_tokens if i == 0 else 0))
         self._observers.record_lookup(num_chunks, num_chunks * chunk_tokens - skip_tokens, hits)
 
+    def record_engine_hit(self, keys: Sequence[BlockKey]) -> None:
+        """The engine's own prefix cache served these chunks of a request: an access in every
+        tier that holds them, so a prefix the engine keeps hot does not age out of kvstore's
+        tiers while the engine hides its use (CPU and disk policies now; the disk records'
+        hit times and Redis's LRU through the service's batched, asynchronous touches). No I/O
+        on the caller's thread. Call it once per request, not once per lookup."""
+        if not keys:
+            return
+        self._index.touch(keys)
+        self._disk.served(keys)
+        if self._remote is not None:
+            self._remote.touch(keys)
+
     def release(self, owner: str) -> None:
         """The requester will not load what its lookup held (abandoned or asked again)."""
         state = self._owners.get(owner)

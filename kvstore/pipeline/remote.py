@@ -47,6 +47,10 @@ class RemoteTierIO(Protocol):
         """Write chunks from their pinned CPU rows; False = dropped (the caller unpins)."""
         ...
 
+    def submit_touch(self, keys: Sequence[BlockKey]) -> None:
+        """Record an access to each chunk the tier holds (Redis's LRU); no answer, best effort."""
+        ...
+
 
 @dataclass(slots=True)
 class RemoteLookup:
@@ -162,6 +166,10 @@ class RemoteSteps:
         self._log.removed(Tier.REMOTE, done.keys, "evicted")
 
     # -- write-through ----------------------------------------------------------------------
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """The engine served these chunks from its own cache: an access in Redis too."""
+        self._io.submit_touch(list(keys))
 
     def write(self, keys: Sequence[BlockKey]) -> None:
         """Write chunks the engine just stored (ready in CPU) to the remote tier."""

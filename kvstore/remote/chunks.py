@@ -150,6 +150,11 @@ class RemoteChunks:
         ]
         return await self.store.put_many(encoded)
 
+    async def touch(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """TOUCH chunks (an access for Redis's LRU/LFU, no value read); True where one exists;
+        False for all when down."""
+        return await self.store.touch_many([self.redis_key(k) for k in keys])
+
     async def remove(self, keys: Sequence[BlockKey]) -> list[bool]:
         """DEL chunks; True where one was deleted."""
         return await self.store.delete_many([self.redis_key(k) for k in keys])

@@ -304,6 +304,17 @@ class RemoteStore:
         results = await self._batched("exists", keys, build)
         return [isinstance(r, int) and r > 0 for r in results]
 
+    async def touch_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """TOUCH each key (updates its last access for the eviction policy); True where it
+        exists, False for keys of unavailable nodes."""
+
+        def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
+            for i in indexes:
+                pipe.touch(keys[i])
+
+        results = await self._batched("touch", keys, build)
+        return [isinstance(r, int) and r > 0 for r in results]
+
     async def get_many(
         self, keys: Sequence[bytes], *, value_bytes: int | None = None
     ) -> list[bytes | None]:

@@ -16,7 +16,7 @@ from kvstore.remote.breaker import BreakerState
 
 __all__ = ["OPS", "REJECT_KINDS", "RemoteObserver", "RemoteStats"]
 
-OPS = ("exists", "get", "put", "delete", "scan", "descriptor", "connect")
+OPS = ("exists", "get", "touch", "put", "delete", "scan", "descriptor", "connect")
 REJECT_KINDS = ("corrupt", "format", "version")
 
 

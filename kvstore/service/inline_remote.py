@@ -1,12 +1,12 @@
 """An in-memory remote tier shared by several pipelines, and each one's I/O to it, with no threads.
 
 `SharedRemote` is the remote tier as Redis runs it with `maxmemory` and `allkeys-lru`: a probe
-(EXISTS) is not an access, a fetch (GET) and a write (SET) are; writes past capacity evict the
-least recently used chunks. Exact LRU (Redis samples keys to approximate it); capacity counts whole
-chunks (the 40-byte value header and Redis's per-key overhead, well under 1% of a chunk, are left
-out); a batch of writes evicts once it is all written (Redis evicts before each SET of the
-pipeline, so a batch that rewrites the least recently used chunk would evict one more). Values
-are the bytes of the rows written (a replay may use rows much smaller than a chunk).
+(EXISTS) is not an access, a fetch (GET), a write (SET) and a TOUCH are; writes past capacity evict
+the least recently used chunks. Exact LRU (Redis samples keys to approximate it); capacity counts
+whole chunks (the 40-byte value header and Redis's per-key overhead, well under 1% of a chunk, are
+left out); a batch of writes evicts once it is all written (Redis evicts before each SET of the
+pipeline, so a batch that rewrites the least recently used chunk would evict one more). Values are
+the bytes of the rows written (a replay may use rows much smaller than a chunk).
 
 `InlineRemoteIO` is one engine's connection to it, with the contract of
 `kvstore.service.remote_io.RemoteIO` (`kvstore.pipeline.remote.RemoteTierIO`): its work is queued
@@ -61,6 +61,12 @@ class SharedRemote:
             self._order.touch(key)
         return value
 
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """TOUCH: an access to each held key, without reading it."""
+        for key in keys:
+            if key in self._values:
+                self._order.touch(key)
+
     def set_many(self, items: Sequence[tuple[BlockKey, bytes]]) -> list[BlockKey]:
         """Hold each (key, value) (SET: an access), then evict down to capacity; returns the
         keys evicted (least recently used first)."""
@@ -97,6 +103,14 @@ class InlineRemoteIO:
     def submit_write(self, items: Sequence[tuple[BlockKey, int]]) -> bool:
         items = list(items)
         return self._submit(lambda: self._write(items))
+
+    def submit_touch(self, keys: Sequence[BlockKey]) -> None:
+        keys = tuple(keys)
+        self._submit(lambda: self._touch(keys))
+
+    def _touch(self, keys: tuple[BlockKey, ...]) -> list[Completion]:
+        self._tier.touch(keys)
+        return []
 
     def _fetch(self, items: list[tuple[BlockKey, int]], tag: object) -> RemoteFetchDone:
         ok: list[BlockKey] = []

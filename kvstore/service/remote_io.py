@@ -123,6 +123,16 @@ class RemoteIO:
         self._run(self._write(list(items)), RemoteWriteDone((), keys), num_chunks=len(items))
         return True
 
+    def submit_touch(self, keys: Sequence[BlockKey]) -> None:
+        """TOUCH the chunks (Redis's LRU sees the access); best effort, nothing answered."""
+        if self._is_closing or not keys:
+            return
+        keys = tuple(keys)
+        self._loop_thread.call_soon(self._spawn_touch, keys)
+
+    def _spawn_touch(self, keys: tuple[BlockKey, ...]) -> None:
+        self._tasks.spawn(self._chunks.touch(keys), name="RemoteTouch", on_death=_ignore)
+
     def _run(
         self, coro: Coroutine[Any, Any, None], on_death: Any, *, num_chunks: int = 0
     ) -> None:
@@ -179,6 +189,10 @@ class RemoteIO:
         self._metrics.observe_transfer(
             direction, num_bytes, time.perf_counter() - start_s, is_ok
         )
+
+
+def _ignore(exc: BaseException) -> None:
+    """A touch that failed (remote down, closing) changes nothing worth a retry."""
 
 
 class _Sink:

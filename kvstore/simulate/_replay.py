@@ -113,6 +113,7 @@ class _Replica:
         num_tokens = self.pipeline.index.config.num_tokens_per_chunk
         keys = chunk_keys(prompt, num_tokens)
         num_engine_hits = self.engine.num_leading(keys)
+        self.pipeline.record_engine_hit(keys[:num_engine_hits])
         num_cached = num_engine_hits + self._load(owner, keys[num_engine_hits:])
         self._settle()
         self._store(prompt, keys, num_cached)

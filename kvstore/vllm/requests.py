@@ -25,6 +25,7 @@ class RequestState:
     num_computed_at_lookup: int = 0
     hit_tiers: dict[BlockKey, Tier] = field(default_factory=dict)  # where the last hit was found
     load_tokens: dict[Tier, int] = field(default_factory=dict)  # last load, by source tier
+    is_engine_hit_recorded: bool = False  # its engine-cached prefix counted as an access
     is_finished: bool = False
     is_waiting_for_stores: bool = False  # request_finished returned True
 

@@ -112,6 +112,9 @@ class ConnectorScheduler:
         # The last prompt token is always computed by the engine (it yields the first logits).
         max_chunks = (request.num_tokens - 1) // chunk_tokens
         start = num_computed_tokens // chunk_tokens
+        if start and not state.is_engine_hit_recorded:
+            state.is_engine_hit_recorded = True
+            self._pipeline.record_engine_hit(self.chunk_keys(request, 0, start))
         wanted = self.chunk_keys(request, start, max_chunks)
         if not wanted:
             return 0, False

@@ -152,3 +152,19 @@ def test_fetched_rows_come_from_the_requests_room_only() -> None:
     stats = reader.index.stats()
     assert stats.num_holds == 0 and stats.cpu.num_pinned == 0
     reader.index.check_invariants()
+
+
+def test_the_engine_s_own_hits_are_accesses_in_every_tier() -> None:
+    """`record_engine_hit` (a prefix the engine's cache served) touches the chunks in CPU, on
+    disk and in the remote tier, so each tier's LRU evicts other chunks first."""
+    shared = SharedRemote(4)
+    engine = make_engine(shared, num_cpu_rows=4)
+    engine.store_chunks(ks(1, 2, 3, 4))
+    engine.settle()
+    engine.pipeline.record_engine_hit(ks(1))
+    engine.settle()
+    engine.store_chunks(ks(5))  # each tier is full: one chunk must go
+    engine.settle()
+    assert engine.index.ready_keys(Tier.CPU) == frozenset(ks(1, 3, 4, 5))
+    assert engine.events(ChunkRemoved, Tier.REMOTE) == ks(2)
+    assert shared.exists(ks(1, 2)) == [True, False]

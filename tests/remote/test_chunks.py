@@ -4,7 +4,9 @@ deleted and counted; a newer format is a miss left in place."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
+import time
 
 import pytest
 
@@ -138,3 +140,40 @@ async def test_cluster_chunks_and_descriptor(shared_cluster: RedisClusterServers
             assert await other.lookup(keys) == [True] * 30
             assert await other_store.exists_many([chunks.redis_key(k) for k in keys])
             assert other_store.stats.num_round_trips["exists"] == 6
+
+
+def _idle_s(server: RedisServer, redis_key: bytes) -> int:
+    with server.client() as client:
+        idle = client.object("idletime", redis_key)
+    assert isinstance(idle, int)
+    return idle
+
+
+async def test_touch_is_an_access_for_redis_eviction(server: RedisServer) -> None:
+    """TOUCH (the engine's own prefix hits, issue 25) resets a chunk's idle time, which
+    allkeys-lru evicts by, without reading it; a missing chunk is False."""
+    async with RemoteStore(make_config(server.url)) as store:
+        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
+        keys = [key(i) for i in range(3)]
+        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        redis_keys = [chunks.redis_key(k) for k in keys]
+        deadline = time.monotonic() + 30
+        while min(_idle_s(server, k) for k in redis_keys) < 1:  # Redis counts whole seconds
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert await chunks.touch([keys[0], keys[1], key(99)]) == [True, True, False]
+        idle = [_idle_s(server, k) for k in redis_keys]
+        assert idle[:2] == [0, 0] and idle[2] >= 1
+        assert store.stats.num_round_trips["touch"] == 1
+
+
+async def test_touch_on_a_cluster_goes_to_each_key_s_master(
+    shared_cluster: RedisClusterServers,
+) -> None:
+    async with RemoteStore(make_config(shared_cluster.url)) as store:
+        chunks = RemoteChunks(store, descriptor("touch-model", row_bytes=ROW))
+        keys = [key(i) for i in range(30)]
+        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        assert await chunks.touch([*keys, key(99)]) == [True] * 30 + [False]
+        assert store.stats.num_round_trips["touch"] == len(shared_cluster.nodes)
+        await chunks.remove(keys)
