@@ -38,6 +38,7 @@ __all__ = ["EVICTION_POLICIES", "WRITE_POLICIES", "KVStoreConfig", "parse_size"]
 
 EVICTION_POLICIES = POLICY_NAMES
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
+LOAD_POLICIES = ("cost", "always")  # see kvstore.pipeline.load_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,9 @@ class KVStoreConfig:
     events_log_max_bytes: int = 64 << 20
     disk_queue_chunks: int = 256
     load_failure_policy: str = "recompute"
+    # `cost`: a hit on disk or in Redis is loaded only when that is expected to beat recomputing
+    # it (kvstore.pipeline.load_cost); `always`: every hit is loaded.
+    load_policy: str = "cost"
     shutdown_timeout_s: float = 10.0
     namespace_salt: str = ""  # change it when the weights behind a model name change
     # A CPU-tier hit is loaded in the step that computes the rest of the prompt (vLLM is told
@@ -122,6 +126,7 @@ class KVStoreConfig:
         problem = write_policy_problem(self.write_policy)
         require(problem is None, "write_policy", problem or "")
         check_choice("load_failure_policy", self.load_failure_policy, LOAD_FAILURE_POLICIES)
+        check_choice("load_policy", self.load_policy, LOAD_POLICIES)
         require(self.admission_min_sightings >= 1, "admission_min_sightings", "must be >= 1")
         if self.metrics_port is not None:
             require(0 <= self.metrics_port <= 65535, "metrics_port", "must be in 0..65535")
@@ -156,6 +161,7 @@ _PARSERS: dict[str, Parser] = {
     "events_log_max_bytes": parse_size,
     "disk_queue_chunks": parse_int,
     "load_failure_policy": parse_lower_str,
+    "load_policy": parse_lower_str,
     "shutdown_timeout_s": parse_float,
     "namespace_salt": parse_text,
     "sync_load_budget_bytes": parse_size,

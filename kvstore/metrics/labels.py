@@ -17,6 +17,8 @@ __all__ = [
     "QueueName",
     "REMOVAL_REASONS",
     "AUDIT_RESULTS",
+    "LOAD_DECISIONS",
+    "LOAD_DECISION_TIERS",
     "DROP_REASONS",
     "SINK_NAMES",
     "SIZE_BUCKETS_BYTES",
@@ -72,8 +74,10 @@ SINK_NAMES: tuple[str, ...] = ("zmq", "jsonl")
 """The event sinks kvstore ships (their default names), whose series exist from the start."""
 
 DROP_REASONS: tuple[str, ...] = ("queue_full", "closed", "deadline", "tier_down")
-AUDIT_RESULTS: tuple[str, ...] = ("verified", "mismatched", "unknown")  # kvstore.transfer.audit
 """Why work or events were dropped: the queue was full, it was closed, or close timed out."""
+AUDIT_RESULTS: tuple[str, ...] = ("verified", "mismatched", "unknown")  # kvstore.transfer.audit
+LOAD_DECISIONS: tuple[str, ...] = ("load", "recompute")  # kvstore.pipeline.load_cost
+LOAD_DECISION_TIERS: tuple[Tier, ...] = (Tier.DISK, Tier.REMOTE)  # the tiers `load_policy` judges
 
 DURATION_BUCKETS_S: tuple[float, ...] = (
     0.0001,

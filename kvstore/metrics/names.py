@@ -92,6 +92,7 @@ CHECKSUM_FAILURES = "kvstore_checksum_failures_total"  # {tier}
 IO_ERRORS = "kvstore_io_errors_total"  # {op}
 LOAD_FAILED_CHUNKS = "kvstore_load_failed_chunks_total"
 LOAD_AUDIT_CHUNKS = "kvstore_load_audit_chunks_total"  # {result}: verified, mismatched, unknown
+LOAD_DECISIONS = "kvstore_load_decisions_total"  # {tier, result}: load, recompute
 
 # Identity.
 KEYS_STABLE = "kvstore_keys_stable"
@@ -134,6 +135,7 @@ METRIC_NAMES: tuple[str, ...] = (
     IO_ERRORS,
     LOAD_FAILED_CHUNKS,
     LOAD_AUDIT_CHUNKS,
+    LOAD_DECISIONS,
     KEYS_STABLE,
     BUILD_INFO,
     CONFIG_INFO,

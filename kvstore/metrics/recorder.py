@@ -28,6 +28,8 @@ from kvstore.metrics.collectors import (
 from kvstore.metrics.labels import (
     AUDIT_RESULTS,
     DROP_REASONS,
+    LOAD_DECISION_TIERS,
+    LOAD_DECISIONS,
     REMOVAL_REASONS,
     SINK_NAMES,
     TIERS,
@@ -164,6 +166,15 @@ class KVStoreMetrics:
         )
         for result in AUDIT_RESULTS:
             self._load_audit.labels(result)
+        self._load_decisions = Counter(
+            names.LOAD_DECISIONS,
+            "Hits on disk or in Redis loaded, or recomputed as faster (load_policy: cost).",
+            ["tier", "result"],
+            registry=r,
+        )
+        for t in LOAD_DECISION_TIERS:
+            for decision in LOAD_DECISIONS:
+                self._load_decisions.labels(t.value, decision)
         self._keys_stable = Gauge(
             names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
         )
@@ -286,6 +297,10 @@ class KVStoreMetrics:
         """Chunks whose load failed and were reported to vLLM (which recomputes them)."""
         _check_count("num_chunks", num_chunks)
         self._load_failed.inc(num_chunks)
+
+    def record_load_decision(self, tier: Tier, decision: str) -> None:
+        """`load_policy: cost` loaded a hit from `tier`, or judged recomputing it faster."""
+        self._load_decisions.labels(Tier(tier).value, decision).inc()
 
     def record_load_audit(self, counts: Mapping[str, int]) -> None:
         """Loaded chunks the workers' audit checked, by result (`AUDIT_RESULTS`)."""

@@ -26,6 +26,7 @@ from kvstore.index.event_log import EventLog
 from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
 from kvstore.pipeline.disk_steps import DiskSteps, DiskSubmitter, RowsOnDisk
+from kvstore.pipeline.load_cost import LoadCostModel
 from kvstore.pipeline.observers import Observers, PipelineObserver
 from kvstore.pipeline.remote import RemoteSteps, RemoteTierIO
 from kvstore.service import (
@@ -94,8 +95,10 @@ class TierPipeline:
         observers: Sequence[PipelineObserver] = (),
         *,
         num_tokens_per_chunk: int,
+        cost: LoadCostModel | None = None,
     ) -> None:
         self._index = index
+        self._cost = cost  # None: every hit is loaded
         self._service = service
         self._observers = Observers(observers, service.publish)
         self._num_tokens_per_chunk = num_tokens_per_chunk
@@ -104,7 +107,7 @@ class TierPipeline:
         self._disk = DiskSteps(service, RowsOnDisk(index))
         self._remote_log = EventLog(num_tokens_per_chunk)
         self._remote = (
-            RemoteSteps(index, service.remote, self._remote_log)
+            RemoteSteps(index, service.remote, self._remote_log, cost)
             if service.remote is not None
             else None
         )
@@ -136,7 +139,9 @@ class TierPipeline:
             return _PENDING  # another requester is promoting the rest of this prefix
         num_hits = result.num_hits
         if result.num_disk_hits:
-            if self._start_promotion(owner, state, result.keys):
+            if self._promotion_pays(result.tiers) and self._start_promotion(
+                owner, state, result.keys
+            ):
                 return _PENDING
             num_hits = _leading(result.tiers, Tier.CPU)
         elif self._remote is not None and self._remote.extend(owner, keys, num_hits):
@@ -151,6 +156,17 @@ class TierPipeline:
             self._release_holds(state)
         self._pump_events()
         return LookupAnswer(tiers)
+
+    def _promotion_pays(self, tiers: Sequence[Tier]) -> bool:
+        """Whether reading the hit's disk-only chunks beats recomputing them (`load_policy`)."""
+        if self._cost is None:
+            return True
+        return self._cost.pays(Tier.DISK, sum(1 for tier in tiers if tier is Tier.DISK))
+
+    def observe_step(self, num_tokens: int, duration_s: float) -> None:
+        """An engine step computed `num_tokens` tokens in `duration_s` (the cost of recompute)."""
+        if self._cost is not None:
+            self._cost.observe_step(num_tokens, duration_s)
 
     def _start_promotion(self, owner: str, state: _Owner, keys: Sequence[BlockKey]) -> bool:
         plan = self._index.plan_promotion(list(keys))
@@ -294,6 +310,8 @@ class TierPipeline:
             remote.removed(done)
 
     def _finish_promotion(self, done: PromotionDone) -> None:
+        if self._cost is not None and done.ok:
+            self._cost.observe_transfer(Tier.DISK, done.num_bytes, done.duration_s)
         index = self._index
         lost = self._disk.finish_read(done)
         landed = set(done.ok)

@@ -22,6 +22,7 @@ from typing import Protocol
 from kvstore.index import TierIndex
 from kvstore.index.event_log import EventLog
 from kvstore.keys import BlockKey, Tier
+from kvstore.pipeline.load_cost import LoadCostModel
 from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, RemoteWriteDone
 
 __all__ = ["RemoteLookup", "RemoteSteps", "RemoteTierIO"]
@@ -70,10 +71,13 @@ class RemoteLookup:
 class RemoteSteps:
     """Owned by `TierPipeline`; same thread, same index."""
 
-    def __init__(self, index: TierIndex, io: RemoteTierIO, log: EventLog) -> None:
+    def __init__(
+        self, index: TierIndex, io: RemoteTierIO, log: EventLog, cost: LoadCostModel | None = None
+    ) -> None:
         self._index = index
         self._io = io
         self._log = log
+        self._cost = cost  # None: every hit is loaded
         self._lookups: dict[str, RemoteLookup] = {}
         self._writing: set[BlockKey] = set()
 
@@ -89,13 +93,30 @@ class RemoteSteps:
         if not rest:
             return False
         if rest[0] not in state.found:
+            if not self._may_pay(len(rest)):
+                return False  # even if Redis held all of it, recomputing is faster
             state.is_probing = True
             self._io.submit_probe(rest, owner)
             return True
         num_found = _leading_found(rest, state.found)
         if num_found == 0:
             return False
+        if self._cost is not None and not self._cost.pays(Tier.REMOTE, num_found):
+            return False
         return self._fetch(owner, state, keys[:num_local], rest[:num_found])
+
+    def _may_pay(self, num_chunks: int) -> bool:
+        """Before a probe: whether a probe and a fetch of all `num_chunks` could pay (a slow or
+        distant Redis is decided against before a request waits on it; counted when not)."""
+        cost = self._cost
+        if cost is None:
+            return True
+        load_s = cost.load_s(Tier.REMOTE, num_chunks, round_trips=2)
+        recompute_s = cost.recompute_s(num_chunks)
+        if load_s is None or recompute_s is None or load_s <= cost.margin * recompute_s:
+            return True
+        cost.record(Tier.REMOTE, is_load=False)
+        return False
 
     def _fetch(
         self, owner: str, state: RemoteLookup, local: Sequence[BlockKey], wanted: list[BlockKey]
@@ -137,12 +158,16 @@ class RemoteSteps:
             return
         state.is_probing = False
         state.found.update(zip(done.keys, done.found, strict=True))
+        if self._cost is not None and any(done.found):  # "none found" may be a breaker's
+            self._cost.observe_round_trip(Tier.REMOTE, done.duration_s)
 
     def finish_fetch(self, done: RemoteFetchDone) -> None:
         """Verified chunks become ready in CPU (and go to the local disk by write-through);
         they are held for the requester, or let go if it is gone."""
         self._index.complete_store(done.ok, True)
         self._index.complete_store(done.failed, False)
+        if self._cost is not None and done.ok:
+            self._cost.observe_transfer(Tier.REMOTE, done.num_bytes, done.duration_s)
         state = self._lookups.get(str(done.tag))
         if state is None:
             return
@@ -161,6 +186,8 @@ class RemoteSteps:
         self._writing.difference_update(keys)
         self._index.unpin_rows(keys)
         self._log.stored_keys(Tier.REMOTE, done.ok)
+        if self._cost is not None and done.ok:  # the same link: keeps its figures fresh
+            self._cost.observe_transfer(Tier.REMOTE, done.num_bytes, done.duration_s)
 
     def removed(self, done: RemoteRemoved) -> None:
         self._log.removed(Tier.REMOTE, done.keys, "evicted")

@@ -56,23 +56,30 @@ class RemoteProbeDone:
     keys: tuple[BlockKey, ...]
     found: tuple[bool, ...]
     tag: object = None
+    duration_s: float = 0.0  # the round trip (the timeout when it did not answer)
 
 
 @dataclass(frozen=True, slots=True)
 class RemoteFetchDone:
-    """Remote -> CPU row copies: `ok` rows hold their chunk (verified); `failed` do not."""
+    """Remote -> CPU row copies: `ok` rows hold their chunk (verified); `failed` do not.
+    `num_bytes` (of the `ok` rows) and `duration_s` describe the fetch."""
 
     ok: tuple[BlockKey, ...]
     failed: tuple[BlockKey, ...] = ()
     tag: object = None
+    num_bytes: int = 0
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class RemoteWriteDone:
-    """CPU row -> remote writes: `ok` landed (report them stored), `failed` did not."""
+    """CPU row -> remote writes: `ok` landed (report them stored), `failed` did not.
+    `num_bytes` (of the `ok` rows) and `duration_s` describe the write."""
 
     ok: tuple[BlockKey, ...]
     failed: tuple[BlockKey, ...] = ()
+    num_bytes: int = 0
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,8 +159,9 @@ class RemoteIO:
     # -- the work (loop thread) -------------------------------------------------------------
 
     async def _probe(self, keys: tuple[BlockKey, ...], tag: object) -> None:
+        start_s = time.perf_counter()
         found = await self._chunks.lookup(keys)
-        self._post(RemoteProbeDone(keys, tuple(found), tag))
+        self._post(RemoteProbeDone(keys, tuple(found), tag, time.perf_counter() - start_s))
 
     async def _fetch(self, items: list[tuple[BlockKey, int]], tag: object) -> None:
         start_s = time.perf_counter()
@@ -168,27 +169,30 @@ class RemoteIO:
         loaded = await self._chunks.load_into(keys, [self._rows.row(row) for _, row in items])
         ok = tuple(key for key, hit in zip(keys, loaded, strict=True) if hit)
         failed = tuple(key for key, hit in zip(keys, loaded, strict=True) if not hit)
-        self._observe(Direction.REMOTE_TO_CPU, items, len(ok), start_s, not failed)
-        self._post(RemoteFetchDone(ok, failed, tag))
+        duration_s = self._observe(Direction.REMOTE_TO_CPU, items, len(ok), start_s, not failed)
+        self._post(RemoteFetchDone(ok, failed, tag, self._bytes(items, len(ok)), duration_s))
 
     async def _write(self, items: list[tuple[BlockKey, int]]) -> None:
         start_s = time.perf_counter()
         landed = await self._chunks.store_many([(k, self._rows.row(r)) for k, r in items])
         ok = tuple(key for (key, _), hit in zip(items, landed, strict=True) if hit)
         failed = tuple(key for (key, _), hit in zip(items, landed, strict=True) if not hit)
-        self._observe(Direction.CPU_TO_REMOTE, items, len(ok), start_s, not failed)
-        self._post(RemoteWriteDone(ok, failed), len(items))
+        duration_s = self._observe(Direction.CPU_TO_REMOTE, items, len(ok), start_s, not failed)
+        done = RemoteWriteDone(ok, failed, self._bytes(items, len(ok)), duration_s)
+        self._post(done, len(items))
+
+    def _bytes(self, items: Sequence[tuple[BlockKey, int]], num_ok: int) -> int:
+        return num_ok * len(self._rows.row(items[0][1])) if items else 0
 
     def _observe(
         self, direction: Direction, items: Sequence[tuple[BlockKey, int]], num_ok: int,
         start_s: float, is_ok: bool,
-    ) -> None:  # fmt: skip
-        if self._metrics is None or not items:
-            return
-        num_bytes = num_ok * len(self._rows.row(items[0][1]))
-        self._metrics.observe_transfer(
-            direction, num_bytes, time.perf_counter() - start_s, is_ok
-        )
+    ) -> float:  # fmt: skip
+        """Record the transfer's metrics; returns its duration."""
+        duration_s = time.perf_counter() - start_s
+        if self._metrics is not None and items:
+            self._metrics.observe_transfer(direction, self._bytes(items, num_ok), duration_s, is_ok)
+        return duration_s
 
 
 def _ignore(exc: BaseException) -> None:

@@ -31,6 +31,7 @@ from kvstore.metrics import (
 from kvstore.namespace import NamespaceDescriptor, namespace_id
 from kvstore.pipeline import TierPipeline
 from kvstore.pipeline.disk_tier import DiskTierRequest, OpenedDisk, open_disk_tier
+from kvstore.pipeline.load_cost import LoadCostModel
 from kvstore.remote import RemoteAuthError, RemoteChunks, RemoteStore
 from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO
@@ -87,8 +88,19 @@ class SchedulerRuntime:
             self.service,
             [self.metrics],
             num_tokens_per_chunk=self.geometry.num_tokens_per_chunk,
+            cost=self._cost_model(),
         )
         self._start_metrics(num_rows)
+
+    def _cost_model(self) -> LoadCostModel | None:
+        """`load_policy: cost` (loads from disk and Redis must beat recompute), else None."""
+        if self.config.load_policy != "cost":
+            return None
+        return LoadCostModel(
+            chunk_bytes=self.geometry.row_bytes,
+            tokens_per_chunk=self.geometry.num_tokens_per_chunk,
+            on_decision=self.metrics.record_load_decision,
+        )
 
     def _start_region(self) -> int:
         config, geo = self.config, self.geometry

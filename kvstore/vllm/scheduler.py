@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +75,8 @@ class ConnectorScheduler:
         self._job_ids = itertools.count(1)
         self._pending_loads: list[CopyJob] = []
         self._pending_finished: list[str] = []
+        self._steps: deque[tuple[float, int]] = deque()  # (scheduled at, tokens) in flight
+        self._last_output_s = 0.0
         self.step_counters = StepCounters()  # deltas for vLLM's own /metrics
         pipeline.add_observer(self.step_counters)
 
@@ -197,6 +201,7 @@ class ConnectorScheduler:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
         self._pipeline.poll()
+        self._steps.append((time.perf_counter(), scheduler_output.total_num_scheduled_tokens))
         meta = KVStoreConnectorMetadata(load_jobs=self._pending_loads)
         self._pending_loads = []
         self._sync_load_bytes = 0  # the next schedule() is a new step
@@ -266,6 +271,7 @@ class ConnectorScheduler:
         return job
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
+        self._time_step()
         meta = output.kv_connector_worker_meta
         if isinstance(meta, KVStoreWorkerMetadata):
             if meta.layout is not None and self._on_layout is not None:
@@ -276,6 +282,18 @@ class ConnectorScheduler:
             if state is not None and state.is_finished and not state.has_jobs:
                 del self._reqs[req_id]
         self._pipeline.poll()
+
+    def _time_step(self) -> None:
+        """The oldest scheduled step's output is back: how long it computed, for the cost of
+        recompute (`load_policy: cost`). Under async scheduling the next step is scheduled
+        while this one runs, so its compute starts at the previous output, not its schedule."""
+        now = time.perf_counter()
+        if self._steps:
+            scheduled_s, num_tokens = self._steps.popleft()
+            self._pipeline.observe_step(num_tokens, now - max(scheduled_s, self._last_output_s))
+        if len(self._steps) > 2:  # an output that never came: start over
+            self._steps.clear()
+        self._last_output_s = now
 
     def _settle_jobs(self, meta: KVStoreWorkerMetadata) -> None:
         if self._metrics is not None:

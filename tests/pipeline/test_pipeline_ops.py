@@ -12,6 +12,7 @@ from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.index import IndexConfig, TierIndex
 from kvstore.keys import BlockKey, Tier
 from kvstore.pipeline import TierPipeline
+from kvstore.pipeline.load_cost import LoadCostModel
 from kvstore.service.disk_io import DiskIO
 from kvstore.service.inline import InlineTierService
 from tiers.memory import MemoryStore
@@ -74,14 +75,18 @@ def rig() -> Rig:
     return make_rig()
 
 
-def make_rig(num_cpu_rows: int = 4, num_disk_chunks: int = 8) -> Rig:
+def make_rig(
+    num_cpu_rows: int = 4, num_disk_chunks: int = 8, *, cost: LoadCostModel | None = None
+) -> Rig:
     config = IndexConfig(num_cpu_rows, CHUNK_BYTES, TOKENS, num_disk_chunks * CHUNK_BYTES)
     store = MemoryStore(capacity_bytes=num_disk_chunks * CHUNK_BYTES)
     store.register_namespace(NS, {"test": "pipeline"})
     rows = Rows(num_cpu_rows)
     service = InlineTierService(DiskIO(store, NS, rows))
     observer = Observer()
-    pipeline = TierPipeline(TierIndex(config), service, [observer], num_tokens_per_chunk=TOKENS)
+    pipeline = TierPipeline(
+        TierIndex(config), service, [observer], num_tokens_per_chunk=TOKENS, cost=cost
+    )
     return Rig(pipeline, service, store, rows, observer)
 
 

@@ -10,6 +10,7 @@ from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.index import IndexConfig, TierIndex
 from kvstore.keys import BlockKey, Tier
 from kvstore.pipeline import TierPipeline
+from kvstore.pipeline.load_cost import LoadCostModel
 from kvstore.service.disk_io import DiskIO
 from kvstore.service.inline import InlineTierService
 from kvstore.service.inline_remote import SharedRemote
@@ -54,7 +55,13 @@ class Engine:
         return [key for e in found for key in e.keys]
 
 
-def make_engine(remote: SharedRemote, *, num_cpu_rows: int = 8, has_disk: bool = True) -> Engine:
+def make_engine(
+    remote: SharedRemote,
+    *,
+    num_cpu_rows: int = 8,
+    has_disk: bool = True,
+    cost: LoadCostModel | None = None,
+) -> Engine:
     disk_bytes = 16 * CHUNK_BYTES if has_disk else 0
     config = IndexConfig(num_cpu_rows, CHUNK_BYTES, TOKENS, disk_bytes)
     rows = Rows(num_cpu_rows)
@@ -65,7 +72,9 @@ def make_engine(remote: SharedRemote, *, num_cpu_rows: int = 8, has_disk: bool =
         disk = DiskIO(store, NS, rows)
     service = InlineTierService(disk, remote=remote, remote_rows=rows)
     observer = Observer()
-    pipeline = TierPipeline(TierIndex(config), service, [observer], num_tokens_per_chunk=TOKENS)
+    pipeline = TierPipeline(
+        TierIndex(config), service, [observer], num_tokens_per_chunk=TOKENS, cost=cost
+    )
     return Engine(pipeline, service, rows, observer)
 
 

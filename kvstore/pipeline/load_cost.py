@@ -1,0 +1,144 @@
+"""Whether a load pays: loads from the disk and remote tiers only when they are expected to finish
+before recomputing the same tokens would (`load_policy: cost`), learned online.
+
+What it learns, from kvstore's own measurements (exponentially weighted, recent first):
+- the engine's compute time per token: a step's time (from the metadata kvstore builds for it
+  to the output vLLM hands back) over the tokens it computed, for steps that computed at least
+  one chunk's worth (a decode-only step says little about prefill);
+- per tier, a round trip's latency (remote probes) and the time per byte of a transfer beyond it
+  (disk reads into CPU rows; remote fetches and writes, which cross the same link).
+
+A load of `n` chunks from a tier is expected to take `round_trips x latency + n x chunk bytes x
+time per byte`; recomputing them `n x tokens per chunk x time per token`. It pays when the load
+is at most `margin` x the recompute (a load that only breaks even still costs the request a
+scheduler round trip). The decision is all or nothing per lookup: the latency is paid once and
+the rest grows with `n` at a fixed rate, so if any prefix pays, the longest does.
+
+Until both sides are measured, or when a tier's figures are older than `stale_s` (a link that
+recovers; a tier never loaded from because it was slow is re-measured this way), loads go ahead:
+the load itself is the measurement. Remote writes keep the remote tier's figures fresh while
+loads from it are declined.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvstore.keys import Tier
+from kvstore.metrics.labels import LOAD_DECISIONS
+
+__all__ = ["LoadCostModel"]
+
+_ALPHA = 0.2  # weight of the newest sample
+_MIN_SAMPLES = 2
+
+
+@dataclass(slots=True)
+class _Average:
+    """An exponentially weighted mean and when it last moved."""
+
+    value: float = 0.0
+    num_samples: int = 0
+    updated_s: float = -math.inf
+
+    def add(self, sample: float, now_s: float) -> None:
+        self.value = sample if self.num_samples == 0 else self.value + _ALPHA * (
+            sample - self.value
+        )
+        self.num_samples += 1
+        self.updated_s = now_s
+
+    def known(self, now_s: float, stale_s: float) -> bool:
+        return self.num_samples >= _MIN_SAMPLES and now_s - self.updated_s <= stale_s
+
+
+@dataclass(slots=True)
+class _Link:
+    latency_s: _Average
+    s_per_byte: _Average
+
+
+class LoadCostModel:
+    """See the module docstring. One owner thread (vLLM's scheduler thread) calls everything."""
+
+    def __init__(
+        self,
+        *,
+        chunk_bytes: int,
+        tokens_per_chunk: int,
+        margin: float = 0.9,
+        stale_s: float = 30.0,
+        on_decision: Callable[[Tier, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if chunk_bytes <= 0 or tokens_per_chunk <= 0:
+            raise ValueError("chunk_bytes and tokens_per_chunk must be > 0")
+        if not 0 < margin <= 10:
+            raise ValueError(f"margin must be in (0, 10], got {margin}")
+        self.chunk_bytes = chunk_bytes
+        self.tokens_per_chunk = tokens_per_chunk
+        self.margin = margin
+        self.stale_s = stale_s
+        self.on_decision = on_decision
+        self._clock = clock
+        self._s_per_token = _Average()
+        self._links = {tier: _Link(_Average(), _Average()) for tier in (Tier.DISK, Tier.REMOTE)}
+
+    # -- what it measures ---------------------------------------------------------------------
+
+    def observe_step(self, num_tokens: int, duration_s: float) -> None:
+        """One engine step computed `num_tokens` tokens in `duration_s`."""
+        if num_tokens >= self.tokens_per_chunk and duration_s > 0:
+            self._s_per_token.add(duration_s / num_tokens, self._clock())
+
+    def observe_round_trip(self, tier: Tier, duration_s: float) -> None:
+        """A request to `tier` that moved (almost) no bytes: its latency."""
+        if duration_s >= 0:
+            self._links[tier].latency_s.add(duration_s, self._clock())
+
+    def observe_transfer(self, tier: Tier, num_bytes: int, duration_s: float) -> None:
+        """`num_bytes` moved between `tier` and CPU rows in `duration_s` (one request)."""
+        if num_bytes <= 0 or duration_s < 0:
+            return
+        link = self._links[tier]
+        latency = link.latency_s.value if link.latency_s.num_samples else 0.0
+        link.s_per_byte.add(max(0.0, duration_s - latency) / num_bytes, self._clock())
+
+    # -- what it expects ----------------------------------------------------------------------
+
+    def recompute_s(self, num_chunks: int) -> float | None:
+        """Expected time to compute `num_chunks` chunks' tokens (None: not measured)."""
+        if not self._s_per_token.known(self._clock(), self.stale_s):
+            return None
+        return num_chunks * self.tokens_per_chunk * self._s_per_token.value
+
+    def load_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
+        """Expected time to bring `num_chunks` chunks from `tier` into CPU rows (None: not
+        measured). The disk's latency is in its time per byte (its reads are not split)."""
+        link = self._links[tier]
+        now = self._clock()
+        if not link.s_per_byte.known(now, self.stale_s):
+            return None
+        latency = 0.0
+        if tier is Tier.REMOTE:
+            if not link.latency_s.known(now, self.stale_s):
+                return None
+            latency = round_trips * link.latency_s.value
+        return latency + num_chunks * self.chunk_bytes * link.s_per_byte.value
+
+    def pays(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
+        """Whether to load `num_chunks` chunks from `tier` (counted); True when either side is
+        not measured (yet, or lately)."""
+        load = self.load_s(tier, num_chunks, round_trips=round_trips)
+        recompute = self.recompute_s(num_chunks)
+        decision = load is None or recompute is None or load <= self.margin * recompute
+        self.record(tier, is_load=decision)
+        return decision
+
+    def record(self, tier: Tier, *, is_load: bool) -> None:
+        """Count a decision (`kvstore_load_decisions_total`)."""
+        if self.on_decision is not None:
+            self.on_decision(tier, LOAD_DECISIONS[0] if is_load else LOAD_DECISIONS[1])

@@ -1,0 +1,156 @@
+"""`load_policy: cost`: the cost model's arithmetic with a hand-driven clock, and the pipeline
+declining disk promotions and remote probes or fetches that would be slower than recomputing
+(no I/O is submitted for them), loading them when they pay. Each test runs in milliseconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.keys import Tier
+from kvstore.pipeline.load_cost import LoadCostModel
+from kvstore.service.inline_remote import SharedRemote
+
+from .test_pipeline_ops import CHUNK_BYTES, TOKENS, evict_from_cpu, ks, make_rig
+from .test_pipeline_remote import make_engine
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model(clock: Clock | None = None) -> tuple[LoadCostModel, list[tuple[Tier, str]]]:
+    decisions: list[tuple[Tier, str]] = []
+    cost = LoadCostModel(
+        chunk_bytes=CHUNK_BYTES,
+        tokens_per_chunk=TOKENS,
+        on_decision=lambda tier, decision: decisions.append((tier, decision)),
+        clock=clock or Clock(),
+    )
+    return cost, decisions
+
+
+def teach(
+    cost: LoadCostModel, *, s_per_token: float, disk_s_per_chunk: float = 0.0,
+    remote_latency_s: float = 0.0, remote_s_per_chunk: float = 0.0,
+) -> None:  # fmt: skip
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * s_per_token)
+        cost.observe_transfer(Tier.DISK, 2 * CHUNK_BYTES, 2 * disk_s_per_chunk)
+        cost.observe_round_trip(Tier.REMOTE, remote_latency_s)
+        cost.observe_transfer(
+            Tier.REMOTE, 2 * CHUNK_BYTES, remote_latency_s + 2 * remote_s_per_chunk
+        )
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def test_nothing_measured_means_load_and_the_load_is_the_measurement() -> None:
+    cost, decisions = model()
+    assert cost.recompute_s(4) is None and cost.load_s(Tier.DISK, 4) is None
+    assert cost.pays(Tier.DISK, 4) and cost.pays(Tier.REMOTE, 4)
+    assert decisions == [(Tier.DISK, "load"), (Tier.REMOTE, "load")]
+
+
+def test_expected_times_follow_the_measurements() -> None:
+    cost, _ = model()
+    teach(cost, s_per_token=0.001, disk_s_per_chunk=0.002, remote_latency_s=0.05,
+          remote_s_per_chunk=0.004)  # fmt: skip
+    assert cost.recompute_s(3) == pytest.approx(3 * TOKENS * 0.001)
+    assert cost.load_s(Tier.DISK, 3) == pytest.approx(3 * 0.002)
+    assert cost.load_s(Tier.REMOTE, 3) == pytest.approx(0.05 + 3 * 0.004)
+    assert cost.load_s(Tier.REMOTE, 3, round_trips=2) == pytest.approx(0.1 + 3 * 0.004)
+
+
+def test_a_load_pays_when_it_beats_the_recompute_by_the_margin() -> None:
+    cost, decisions = model()
+    recompute_per_chunk = TOKENS * 0.001
+    teach(cost, s_per_token=0.001, disk_s_per_chunk=0.8 * recompute_per_chunk,
+          remote_latency_s=0.0, remote_s_per_chunk=0.95 * recompute_per_chunk)  # fmt: skip
+    assert cost.pays(Tier.DISK, 5)  # 0.8x the recompute: within the 0.9 margin
+    assert not cost.pays(Tier.REMOTE, 5)  # 0.95x: not worth the round trip
+    assert decisions == [(Tier.DISK, "load"), (Tier.REMOTE, "recompute")]
+
+
+def test_latency_is_paid_once_so_a_longer_hit_pays_sooner() -> None:
+    cost, _ = model()
+    teach(cost, s_per_token=0.001, remote_latency_s=0.1, remote_s_per_chunk=0.001)
+    assert not cost.pays(Tier.REMOTE, 2)  # 0.1 s latency vs 32 ms of compute
+    assert cost.pays(Tier.REMOTE, 20)  # 0.12 s vs 0.32 s
+
+
+def test_decode_steps_do_not_count_as_the_cost_of_prefill() -> None:
+    cost, _ = model()
+    for _ in range(5):
+        cost.observe_step(2, 1.0)  # two decode tokens in a slow step
+    assert cost.recompute_s(1) is None
+
+
+def test_figures_go_stale_and_loads_resume_to_measure_again() -> None:
+    clock = Clock()
+    cost, _ = model(clock)
+    teach(cost, s_per_token=0.0001, disk_s_per_chunk=1.0)
+    assert not cost.pays(Tier.DISK, 4)
+    clock.now += cost.stale_s + 1
+    assert cost.pays(Tier.DISK, 4)  # a disk that may have recovered is tried again
+    cost.observe_transfer(Tier.DISK, CHUNK_BYTES, 1.0)
+    cost.observe_transfer(Tier.DISK, CHUNK_BYTES, 1.0)
+    assert cost.recompute_s(1) is None  # compute figures are stale too: load
+    teach(cost, s_per_token=0.0001, disk_s_per_chunk=1.0)
+    assert not cost.pays(Tier.DISK, 4)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="margin"):
+        LoadCostModel(chunk_bytes=1, tokens_per_chunk=1, margin=0)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        LoadCostModel(chunk_bytes=0, tokens_per_chunk=1)
+
+
+# -- the pipeline -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_slow", [True, False], ids=["slow-disk", "fast-disk"])
+def test_a_disk_hit_slower_than_recompute_is_not_promoted(is_slow: bool) -> None:
+    cost, decisions = model()
+    rig = make_rig(cost=cost)
+    rig.store_chunks(ks(1, 2))
+    rig.settle()
+    evict_from_cpu(rig, ks(1, 2))
+    teach(cost, s_per_token=0.001, disk_s_per_chunk=1.0 if is_slow else 0.001)
+    answer = rig.pipeline.prepare_lookup("r1", ks(1, 2, 3))
+    if is_slow:
+        assert not answer.is_pending and answer.tiers == ()
+        assert rig.service.num_pending == 0  # no read was submitted
+        assert rig.index.stats().num_holds == 0
+        assert decisions == [(Tier.DISK, "recompute")]
+        return
+    assert answer.is_pending and rig.service.num_pending == 1
+    rig.settle()
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).tiers == (Tier.DISK, Tier.DISK)
+    assert decisions == [(Tier.DISK, "load")]
+
+
+def test_a_slow_remote_is_not_even_probed_and_a_fast_one_is_fetched() -> None:
+    shared = SharedRemote(16)
+    writer = make_engine(shared)
+    writer.store_chunks(ks(1, 2, 3))
+    writer.settle()
+
+    slow_cost, slow_decisions = model()
+    slow = make_engine(shared, cost=slow_cost)
+    teach(slow_cost, s_per_token=0.001, remote_latency_s=0.05, remote_s_per_chunk=0.05)
+    answer = slow.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4))
+    assert not answer.is_pending and answer.tiers == ()
+    assert slow.service.num_pending == 0  # nothing asked of Redis
+    assert slow_decisions == [(Tier.REMOTE, "recompute")]
+
+    fast_cost, fast_decisions = model()
+    fast = make_engine(shared, cost=fast_cost)
+    teach(fast_cost, s_per_token=0.001, remote_latency_s=0.0005, remote_s_per_chunk=0.0001)
+    assert fast.lookup("r1", ks(1, 2, 3, 4)) == (Tier.REMOTE,) * 3
+    assert fast_decisions == [(Tier.REMOTE, "load")]
