@@ -92,7 +92,7 @@ CHECKSUM_FAILURES = "kvstore_checksum_failures_total"  # {tier}
 IO_ERRORS = "kvstore_io_errors_total"  # {op}
 LOAD_FAILED_CHUNKS = "kvstore_load_failed_chunks_total"
 LOAD_AUDIT_CHUNKS = "kvstore_load_audit_chunks_total"  # {result}: verified, mismatched, unknown
-LOAD_DECISIONS = "kvstore_load_decisions_total"  # {tier, result}: load, recompute
+LOAD_DECISIONS = "kvstore_load_decisions_total"  # {tier, decision}: load, recompute
 
 # Identity.
 KEYS_STABLE = "kvstore_keys_stable"

@@ -169,7 +169,7 @@ class KVStoreMetrics:
         self._load_decisions = Counter(
             names.LOAD_DECISIONS,
             "Hits on disk or in Redis loaded, or recomputed as faster (load_policy: cost).",
-            ["tier", "result"],
+            ["tier", "decision"],
             registry=r,
         )
         for t in LOAD_DECISION_TIERS:

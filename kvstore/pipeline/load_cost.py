@@ -1,7 +1,7 @@
 """Whether a load pays: loads from the disk and remote tiers only when they are expected to finish
 before recomputing the same tokens would (`load_policy: cost`), learned online.
 
-What it learns, from kvstore's own measurements (exponentially weighted, recent first):
+What it learns, from kvstore's own measurements (the median of the last few of each):
 - the engine's compute time per token: a step's time (from the metadata kvstore builds for it
   to the output vLLM hands back) over the tokens it computed, for steps that computed at least
   one chunk's worth (a decode-only step says little about prefill);
@@ -23,7 +23,9 @@ loads from it are declined.
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,33 +34,40 @@ from kvstore.metrics.labels import LOAD_DECISIONS
 
 __all__ = ["LoadCostModel"]
 
-_ALPHA = 0.2  # weight of the newest sample
-_MIN_SAMPLES = 2
+_WINDOW = 9  # recent samples kept per figure
+_MIN_SAMPLES = 3
 
 
-@dataclass(slots=True)
-class _Average:
-    """An exponentially weighted mean and when it last moved."""
+class _Recent:
+    """The median of the most recent samples, and when the last came: robust to the odd
+    outlier (the first step after start compiles, a GC pause, a connection being opened)."""
 
-    value: float = 0.0
-    num_samples: int = 0
-    updated_s: float = -math.inf
+    __slots__ = ("_samples", "updated_s")
+
+    def __init__(self) -> None:
+        self._samples: deque[float] = deque(maxlen=_WINDOW)
+        self.updated_s = -math.inf
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._samples)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self._samples) if self._samples else 0.0
 
     def add(self, sample: float, now_s: float) -> None:
-        self.value = sample if self.num_samples == 0 else self.value + _ALPHA * (
-            sample - self.value
-        )
-        self.num_samples += 1
+        self._samples.append(sample)
         self.updated_s = now_s
 
     def known(self, now_s: float, stale_s: float) -> bool:
-        return self.num_samples >= _MIN_SAMPLES and now_s - self.updated_s <= stale_s
+        return len(self._samples) >= _MIN_SAMPLES and now_s - self.updated_s <= stale_s
 
 
 @dataclass(slots=True)
 class _Link:
-    latency_s: _Average
-    s_per_byte: _Average
+    latency_s: _Recent
+    s_per_byte: _Recent
 
 
 class LoadCostModel:
@@ -84,8 +93,8 @@ class LoadCostModel:
         self.stale_s = stale_s
         self.on_decision = on_decision
         self._clock = clock
-        self._s_per_token = _Average()
-        self._links = {tier: _Link(_Average(), _Average()) for tier in (Tier.DISK, Tier.REMOTE)}
+        self._s_per_token = _Recent()
+        self._links = {tier: _Link(_Recent(), _Recent()) for tier in (Tier.DISK, Tier.REMOTE)}
 
     # -- what it measures ---------------------------------------------------------------------
 

@@ -158,7 +158,7 @@ class RemoteSteps:
             return
         state.is_probing = False
         state.found.update(zip(done.keys, done.found, strict=True))
-        if self._cost is not None and any(done.found):  # "none found" may be a breaker's
+        if self._cost is not None and done.answered:  # not a timeout's or a breaker's
             self._cost.observe_round_trip(Tier.REMOTE, done.duration_s)
 
     def finish_fetch(self, done: RemoteFetchDone) -> None:

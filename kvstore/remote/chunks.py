@@ -79,6 +79,10 @@ class RemoteChunks:
         """Which chunks the remote tier holds (one round trip per node); False when down."""
         return await self.store.exists_many([self.redis_key(k) for k in keys])
 
+    async def probe(self, keys: Sequence[BlockKey]) -> tuple[list[bool], bool]:
+        """`lookup`, and whether every node answered."""
+        return await self.store.exists_answered([self.redis_key(k) for k in keys])
+
     async def load(self, keys: Sequence[BlockKey]) -> list[memoryview | None]:
         """Each chunk's verified payload (a view of the fetched value), None for a miss."""
         values = await self.store.get_many(

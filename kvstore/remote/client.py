@@ -296,13 +296,20 @@ class RemoteStore:
 
     async def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
         """Which keys exist; False for keys of unavailable nodes."""
+        found, _ = await self.exists_answered(keys)
+        return found
+
+    async def exists_answered(self, keys: Sequence[bytes]) -> tuple[list[bool], bool]:
+        """`exists_many`, and whether every node answered (so the round trip's time is the
+        link's, not a timeout's or an open breaker's)."""
 
         def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
             for i in indexes:
                 pipe.exists(keys[i])
 
         results = await self._batched("exists", keys, build)
-        return [isinstance(r, int) and r > 0 for r in results]
+        found = [isinstance(r, int) and r > 0 for r in results]
+        return found, all(r is not DOWN for r in results)
 
     async def touch_many(self, keys: Sequence[bytes]) -> list[bool]:
         """TOUCH each key (updates its last access for the eviction policy); True where it

@@ -57,6 +57,7 @@ class RemoteProbeDone:
     found: tuple[bool, ...]
     tag: object = None
     duration_s: float = 0.0  # the round trip (the timeout when it did not answer)
+    answered: bool = False  # every node answered: `duration_s` is the link's round trip
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,8 +160,9 @@ class RemoteIO:
 
     async def _probe(self, keys: tuple[BlockKey, ...], tag: object) -> None:
         start_s = time.perf_counter()
-        found = await self._chunks.lookup(keys)
-        self._post(RemoteProbeDone(keys, tuple(found), tag, time.perf_counter() - start_s))
+        found, answered = await self._chunks.probe(keys)
+        duration_s = time.perf_counter() - start_s
+        self._post(RemoteProbeDone(keys, tuple(found), tag, duration_s, answered))
 
     async def _fetch(self, items: list[tuple[BlockKey, int]], tag: object) -> None:
         start_s = time.perf_counter()

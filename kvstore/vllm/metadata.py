@@ -27,12 +27,16 @@ class KVStoreConnectorMetadata(KVConnectorMetadata):
       worker waits for them before the step runs.
     - `finished_store_reqs`: finished requests whose blocks vLLM keeps alive until their stores
       complete; the worker reports each as finished sending once its stores are done.
+    - `timed_step`: nonzero for a step the scheduler half times (one that computes at least a
+      chunk of tokens: the cost of recompute, `load_policy: cost`); the workers echo it back,
+      so its time is the step's own even when steps without tokens send nothing back.
     """
 
     load_jobs: list[CopyJob] = field(default_factory=list)
     store_jobs: list[CopyJob] = field(default_factory=list)
     flush_job_ids: list[int] = field(default_factory=list)
     finished_store_reqs: list[str] = field(default_factory=list)
+    timed_step: int = 0
 
 
 @dataclass
@@ -43,6 +47,7 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):
     failed it; the scheduler settles a job once the counts reach the number of workers.
     `transfer_stats` is `kvstore.metrics` TransferStats as a dict (bytes and durations).
     `audit` counts loaded chunks by `kvstore.transfer.audit.AuditResult` (`audit_loads` on).
+    `timed_steps` echoes the `timed_step` of the steps this output covers.
     """
 
     completed: dict[int, int] = field(default_factory=dict)
@@ -50,6 +55,7 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):
     transfer_stats: list[dict[str, Any]] = field(default_factory=list)
     layout: dict[str, Any] | None = None  # rank 0's chunk layout, sent once
     audit: dict[str, int] = field(default_factory=dict)
+    timed_steps: list[int] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, KVStoreWorkerMetadata):
@@ -67,9 +73,11 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):
             layout=self.layout if self.layout is not None else other.layout,
             audit={k: self.audit.get(k, 0) + other.audit.get(k, 0)
                    for k in self.audit.keys() | other.audit.keys()},
+            timed_steps=sorted(set(self.timed_steps) | set(other.timed_steps)),
         )  # fmt: skip
 
     def has_data(self) -> bool:
         return bool(
             self.completed or self.failed or self.transfer_stats or self.layout or self.audit
-        )
+            or self.timed_steps
+        )  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +74,8 @@ class ConnectorScheduler:
         self._job_ids = itertools.count(1)
         self._pending_loads: list[CopyJob] = []
         self._pending_finished: list[str] = []
-        self._steps: deque[tuple[float, int]] = deque()  # (scheduled at, tokens) in flight
+        self._step_ids = itertools.count(1)
+        self._timed: dict[int, tuple[float, int]] = {}  # step id -> (scheduled at, tokens)
         self._last_output_s = 0.0
         self.step_counters = StepCounters()  # deltas for vLLM's own /metrics
         pipeline.add_observer(self.step_counters)
@@ -201,8 +201,9 @@ class ConnectorScheduler:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
         self._pipeline.poll()
-        self._steps.append((time.perf_counter(), scheduler_output.total_num_scheduled_tokens))
-        meta = KVStoreConnectorMetadata(load_jobs=self._pending_loads)
+        meta = KVStoreConnectorMetadata(
+            load_jobs=self._pending_loads, timed_step=self._start_timing(scheduler_output)
+        )
         self._pending_loads = []
         self._sync_load_bytes = 0  # the next schedule() is a new step
         self._update_block_ids(scheduler_output)
@@ -271,8 +272,8 @@ class ConnectorScheduler:
         return job
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
-        self._time_step()
         meta = output.kv_connector_worker_meta
+        self._time_steps(meta.timed_steps if isinstance(meta, KVStoreWorkerMetadata) else ())
         if isinstance(meta, KVStoreWorkerMetadata):
             if meta.layout is not None and self._on_layout is not None:
                 self._on_layout(meta.layout)
@@ -283,16 +284,28 @@ class ConnectorScheduler:
                 del self._reqs[req_id]
         self._pipeline.poll()
 
-    def _time_step(self) -> None:
-        """The oldest scheduled step's output is back: how long it computed, for the cost of
-        recompute (`load_policy: cost`). Under async scheduling the next step is scheduled
-        while this one runs, so its compute starts at the previous output, not its schedule."""
+    def _start_timing(self, scheduler_output: SchedulerOutput) -> int:
+        """A step that computes at least a chunk of tokens is timed, for the cost of recompute
+        (`load_policy: cost`): its id goes to the workers, which echo it with its output."""
+        num_tokens = scheduler_output.total_num_scheduled_tokens
+        if num_tokens < self._geo.num_tokens_per_chunk:
+            return 0
+        step_id = next(self._step_ids)
+        self._timed[step_id] = (time.perf_counter(), num_tokens)
+        while len(self._timed) > 4:  # outputs that never came back (a failed step)
+            del self._timed[next(iter(self._timed))]
+        return step_id
+
+    def _time_steps(self, step_ids: Iterable[int]) -> None:
+        """Outputs are back: how long each timed step computed. Under async scheduling the
+        next step is scheduled while this one runs, so a step's compute starts at the previous
+        output, not at its schedule."""
         now = time.perf_counter()
-        if self._steps:
-            scheduled_s, num_tokens = self._steps.popleft()
-            self._pipeline.observe_step(num_tokens, now - max(scheduled_s, self._last_output_s))
-        if len(self._steps) > 2:  # an output that never came: start over
-            self._steps.clear()
+        for step_id in step_ids:
+            timed = self._timed.pop(step_id, None)
+            if timed is not None:
+                scheduled_s, num_tokens = timed
+                self._pipeline.observe_step(num_tokens, now - max(scheduled_s, self._last_output_s))
         self._last_output_s = now
 
     def _settle_jobs(self, meta: KVStoreWorkerMetadata) -> None:

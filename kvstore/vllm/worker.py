@@ -59,6 +59,7 @@ class ConnectorWorker:
         self._finish_watch: set[str] = set()
         self._load_errors: set[int] = set()
         self._completed: dict[int, int] = {}
+        self._timed_steps: list[int] = []  # echoed to the scheduler half (`timed_step`)
         self._failed: dict[int, int] = {}
         self._stats = TransferStatsAccumulator()
         self._audit = LoadAudit() if config.audit_loads else None
@@ -175,6 +176,8 @@ class ConnectorWorker:
             self._req_store_jobs[job.req_id].add(job.job_id)
         self._submit(meta.store_jobs).run_stores(meta.store_jobs)
         self._finish_watch.update(meta.finished_store_reqs)
+        if meta.timed_step:
+            self._timed_steps.append(meta.timed_step)
 
     def _submit(self, jobs: Sequence[CopyJob]) -> TransferEngine | _NoEngine:
         """The engine that runs `jobs` (now tracked until their result); while the KV caches
@@ -232,10 +235,12 @@ class ConnectorWorker:
             transfer_stats=[] if stats.is_empty else [stats.to_dict()],
             layout=self._layout_pending,
             audit={} if audit is None or audit.is_empty else audit.to_dict(),
+            timed_steps=self._timed_steps,
         )
         if not meta.has_data():
             return None
         self._completed, self._failed, self._layout_pending = {}, {}, None
+        self._timed_steps = []
         return meta
 
     def shutdown(self) -> None:

@@ -196,3 +196,34 @@ def test_every_tier_has_a_hit_source_so_the_split_sums_to_the_hit() -> None:
 
     assert set(HIT_SOURCES) == set(Tier)  # a tier left out was dropped from vLLM's split
     assert HIT_SOURCES[Tier.REMOTE] is CacheHitSource.EXTERNAL_UNSPECIFIED
+
+
+def test_steps_that_compute_a_chunk_are_timed_by_the_output_that_echoes_them(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cost of recompute (`load_policy: cost`): a step's time runs from its metadata to
+    the output the workers echo its id with; a step without tokens, whose output may never
+    come, takes no part (it used to shift every later step by one)."""
+    observed: list[tuple[int, float]] = []
+    pipeline = harness.scheduler._pipeline
+    monkeypatch.setattr(pipeline, "observe_step", lambda n, s: observed.append((n, s)))
+    request = new_request("a", PROMPT)
+    harness.scheduler.track(request)
+    assert harness.scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
+    harness.scheduler.update_state_after_alloc(request, kv_cache_blocks([0, 1, 2]), 0)
+    timed = step(harness, request, [0, 1, 2]).timed_step
+    assert timed > 0
+    idle = harness.scheduler.build_connector_meta(scheduler_output())
+    assert idle.timed_step == 0
+    harness.scheduler.update_connector_output(connector_output(KVStoreWorkerMetadata()))
+    assert observed == []  # an output that is not the timed step's
+    time.sleep(0.01)
+    ranks = KVStoreWorkerMetadata(timed_steps=[timed]).aggregate(
+        KVStoreWorkerMetadata(timed_steps=[timed])
+    )
+    assert isinstance(ranks, KVStoreWorkerMetadata) and ranks.timed_steps == [timed]
+    harness.scheduler.update_connector_output(connector_output(ranks))
+    harness.scheduler.update_connector_output(connector_output(ranks))  # echoed once only
+    assert len(observed) == 1
+    num_tokens, duration_s = observed[0]
+    assert num_tokens == len(PROMPT) and 0 < duration_s < 5

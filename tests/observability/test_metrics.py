@@ -75,7 +75,8 @@ def test_names_follow_prometheus_conventions(metrics: KVStoreMetrics) -> None:
     for name in METRIC_NAMES:
         assert name.startswith("kvstore_"), name
     allowed_labels = {
-        "tier", "direction", "result", "op", "reason", "queue", "sink", "state", "what", "le"
+        "tier", "direction", "result", "op", "reason", "queue", "sink", "state", "what", "le",
+        "decision",
     }
     for family in metrics.registry.collect():
         if family.type == "counter":

@@ -1,0 +1,93 @@
+"""`load_policy: cost` on the real engine, with Redis behind a slow link the test starts.
+
+One engine fills a real Redis; a fresh engine then asks for the same prompts after a few
+unrelated requests (its measurements: step times, probe round trips, write-throughs). Behind a
+link with 60 ms of latency each way, kvstore decides against Redis before the request waits on
+it (no hit, decisions counted as "recompute"); with `load_policy: always` the same engine loads
+through the same link (so the chunks were there and the link works); on the direct loopback
+link the cost policy loads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvstore.metrics import names
+from kvstore.oracle import GreedyRun
+from kvstore.vllm.engine import (
+    drain,
+    engine,
+    generate_runs,
+    kv_transfer_config,
+    scheduler_connector,
+)
+from tests.support.oracle import assert_same_outputs
+from tests.support.redis_servers import redis_server
+from tests.support.slow_link import SlowLink
+
+from .test_remote_engine import CHUNK_BYTES, HIT_TOKENS
+
+pytestmark = [pytest.mark.engine, pytest.mark.redis]
+
+PROMPTS = [[(29 * i + 11 * j) % 500 + 5 for i in range(200)] for j in range(1, 4)]
+
+
+def warmup(seed: int) -> list[list[int]]:
+    """Prompts only this engine sends (so it computes them: its measure of recompute)."""
+    return [[(17 * i + 13 * j + 7 * seed) % 500 + 5 for i in range(200)] for j in range(1, 5)]
+
+
+@dataclass
+class Served:
+    remote_hit_tokens: float
+    decisions: dict[str, float]
+    runs: list[GreedyRun]
+
+
+def _serve(model: Path, url: str, policy: str, prompts: Sequence[list[int]], seed: int) -> Served:
+    config = kv_transfer_config(
+        cpu_bytes=64 * CHUNK_BYTES, remote_url=url, remote_timeout_ms=5000, load_policy=policy
+    )
+    runs: list[GreedyRun] = []
+    with engine(model, kv_transfer=config) as llm:
+        for prompt in warmup(seed):  # what it measures before the prompts come back
+            generate_runs(llm, [prompt])
+            drain(llm)
+        runtime = scheduler_connector(llm).runtime
+        assert runtime is not None
+        registry = runtime.registry
+        before = registry.get_sample_value(names.HIT_TOKENS, {"tier": "remote"}) or 0.0
+        for prompt in prompts:
+            _, served = generate_runs(llm, [prompt])
+            runs.extend(served)
+            drain(llm)
+        hits = (registry.get_sample_value(names.HIT_TOKENS, {"tier": "remote"}) or 0.0) - before
+        decisions = {
+            decision: registry.get_sample_value(
+                names.LOAD_DECISIONS, {"tier": "remote", "decision": decision}
+            )
+            or 0.0
+            for decision in ("load", "recompute")
+        }
+    return Served(hits, decisions, runs)
+
+
+def test_a_slow_redis_is_decided_against_and_a_fast_one_is_loaded(tiny_model_dir: Path) -> None:
+    with redis_server() as server:
+        filled = _serve(tiny_model_dir, server.url, "always", PROMPTS, seed=1)
+        with SlowLink(server.address, latency_s=0.06, bytes_per_s=4e6) as link:
+            slow = _serve(tiny_model_dir, link.url, "cost", PROMPTS, seed=2)
+            forced = _serve(tiny_model_dir, link.url, "always", PROMPTS[:1], seed=3)
+        fast = _serve(tiny_model_dir, server.url, "cost", PROMPTS, seed=4)
+    assert filled.remote_hit_tokens == 0
+    assert slow.remote_hit_tokens == 0, slow.decisions
+    assert slow.decisions["recompute"] >= len(PROMPTS), slow.decisions
+    assert forced.remote_hit_tokens == HIT_TOKENS  # the chunks were there, the link works
+    assert fast.remote_hit_tokens == len(PROMPTS) * HIT_TOKENS, fast.decisions
+    assert fast.decisions["recompute"] == 0, fast.decisions
+    for served in (slow, fast):
+        assert_same_outputs(filled.runs, served.runs)
