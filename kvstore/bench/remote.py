@@ -11,6 +11,10 @@
 3. Whether the local disk should keep a copy of remote hits: B also has a disk tier (as a
    replica with NVMe would), so each remote hit is written through to it; once other prompts
    have pushed the prompts out of B's CPU tier, each is asked again and served from that copy.
+4. A distant Redis (`load_policy: cost`): engine C reaches the same Redis through a loopback
+   proxy that adds latency and limits bandwidth (`--slow-latency-ms`, `--slow-mbps`); after a
+   few prompts of its own (what it measures), it is asked for the prompts A stored. It loads
+   only what beats recomputing; its time to first token is compared with recompute.
 
 Without `--url` a throwaway `redis-server` (Debian's package) is started on a free port.
 """
@@ -26,9 +30,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore.bench.engines import BENCH_SPEC, BenchEngine, bench_engine, free_port, synthetic_prompt
+from kvstore.bench.slow_link import SlowLink
 from kvstore.keys import BlockKey
 from kvstore.remote import RemoteChunks, RemoteConfig, RemoteStore
 from kvstore.tiny_model import build_tiny_llama
@@ -107,9 +113,15 @@ def _wait_remote_stored(engine: BenchEngine, at_least: float, timeout_s: float =
         time.sleep(0.1)
 
 
+@dataclass(frozen=True)
+class _Link:
+    latency_s: float
+    bytes_per_s: float
+
+
 def _ttft(
-    model: Path, url: str, num_tokens: int, repeats: int, workdir: Path
-) -> dict[str, list[float]]:
+    model: Path, url: str, num_tokens: int, repeats: int, workdir: Path, slow: _Link
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     prompt_bytes = num_tokens * BENCH_SPEC.kv_bytes_per_token
     chunks = (num_tokens - 1) // _BLOCK_TOKENS
     cpu_bytes = 2 * prompt_bytes + (8 << 20)
@@ -139,7 +151,20 @@ def _ttft(
                 times["kvstore_remote"].append(b.ttft_s(prompt))  # replica B: a remote hit
             b.wait_settled()
         times["kvstore_disk_copy"] = _disk_copy_hits(b, prompts, chunks, num_fillers)
-    return times
+    with (
+        SlowLink(url.split("//")[1].split("/", maxsplit=1)[0], latency_s=slow.latency_s,
+                 bytes_per_s=slow.bytes_per_s) as link,
+        bench_engine(model, num_tokens, kvstore={"cpu_bytes": cpu_bytes, "remote_url": link.url,
+                     "remote_write": False, "remote_timeout_ms": 60_000}) as c,
+    ):  # fmt: skip
+        for k in range(4):  # prompts of its own: C measures its prefill and the link's latency
+            c.ttft_s(synthetic_prompt(700 + k, num_tokens))
+        times["kvstore_remote_slow_link"] = [c.ttft_s(prompt) for prompt in prompts]
+        decisions = {
+            decision: c.metric("kvstore_load_decisions_total", tier="remote", decision=decision)
+            for decision in ("load", "recompute")
+        }
+    return times, decisions
 
 
 def _num_fillers(cpu_bytes: int, num_tokens: int) -> int:
@@ -179,6 +204,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument(
+        "--slow-latency-ms",
+        type=float,
+        default=50.0,
+        help="the distant Redis's added latency, each way (default 50)",
+    )
+    parser.add_argument(
+        "--slow-mbps",
+        type=float,
+        default=4.0,
+        help="the distant Redis's bandwidth, MB/s each way (default 4)",
+    )
     args = parser.parse_args(argv)
     value_bytes = _BLOCK_TOKENS * BENCH_SPEC.kv_bytes_per_token
     num_values = (args.tokens - 1) // _BLOCK_TOKENS
@@ -193,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         with tempfile.TemporaryDirectory(prefix="kvstore-bench-") as tmp:
             model = build_tiny_llama(Path(tmp) / "model", BENCH_SPEC)
-            times = _ttft(model, url, args.tokens, args.repeats, Path(tmp))
+            slow = _Link(args.slow_latency_ms / 1e3, args.slow_mbps * 1e6)
+            times, decisions = _ttft(model, url, args.tokens, args.repeats, Path(tmp), slow)
     base = statistics.median(times["recompute"])
     print(f"\nprompt {args.tokens} tokens, {args.repeats} interleaved repeats")
     print("| path | TTFT median s | min-max s | vs recompute |\n|---|--:|--:|--:|")
@@ -205,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     remote = statistics.median(times["kvstore_remote"])
     copy = statistics.median(times["kvstore_disk_copy"])
     print(f"- a hit on the local disk's copy of remote hits: {copy / remote:.2f}x a remote hit")
+    far = statistics.median(times["kvstore_remote_slow_link"]) / base
+    loaded, recomputed = decisions["load"], decisions["recompute"]
+    print(f"- Redis behind {args.slow_latency_ms:g} ms and {args.slow_mbps:g} MB/s: "
+          f"{far:.2f}x recompute (target <= 1.1); load_policy cost loaded {loaded:.0f} "
+          f"and recomputed {recomputed:.0f} lookups")  # fmt: skip
     return 0
 
 

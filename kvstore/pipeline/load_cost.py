@@ -138,12 +138,28 @@ class LoadCostModel:
             latency = round_trips * link.latency_s.value
         return latency + num_chunks * self.chunk_bytes * link.s_per_byte.value
 
-    def pays(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
-        """Whether to load `num_chunks` chunks from `tier` (counted); True when either side is
-        not measured (yet, or lately)."""
-        load = self.load_s(tier, num_chunks, round_trips=round_trips)
+    def decide(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
+        """Whether loading `num_chunks` chunks from `tier` is expected to pay (not counted);
+        True when either side is not measured (yet, or lately). A link whose time per byte is
+        not known yet but whose round trips alone outlast the recompute does not pay."""
         recompute = self.recompute_s(num_chunks)
-        decision = load is None or recompute is None or load <= self.margin * recompute
+        if recompute is None:
+            return True
+        load = self.load_s(tier, num_chunks, round_trips=round_trips)
+        if load is None:
+            load = self.latency_floor_s(tier, round_trips)
+        return load is None or load <= self.margin * recompute
+
+    def latency_floor_s(self, tier: Tier, round_trips: int) -> float | None:
+        """The least a load from `tier` takes: its round trips (None: not measured)."""
+        latency = self._links[tier].latency_s
+        if tier is not Tier.REMOTE or not latency.known(self._clock(), self.stale_s):
+            return None
+        return round_trips * latency.value
+
+    def pays(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
+        """`decide`, counted."""
+        decision = self.decide(tier, num_chunks, round_trips=round_trips)
         self.record(tier, is_load=decision)
         return decision
 

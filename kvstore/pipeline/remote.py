@@ -109,11 +109,7 @@ class RemoteSteps:
         """Before a probe: whether a probe and a fetch of all `num_chunks` could pay (a slow or
         distant Redis is decided against before a request waits on it; counted when not)."""
         cost = self._cost
-        if cost is None:
-            return True
-        load_s = cost.load_s(Tier.REMOTE, num_chunks, round_trips=2)
-        recompute_s = cost.recompute_s(num_chunks)
-        if load_s is None or recompute_s is None or load_s <= cost.margin * recompute_s:
+        if cost is None or cost.decide(Tier.REMOTE, num_chunks, round_trips=2):
             return True
         cost.record(Tier.REMOTE, is_load=False)
         return False

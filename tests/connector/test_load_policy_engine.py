@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.bench.slow_link import SlowLink
 from kvstore.metrics import names
 from kvstore.oracle import GreedyRun
 from kvstore.vllm.engine import (
@@ -27,7 +28,6 @@ from kvstore.vllm.engine import (
 )
 from tests.support.oracle import assert_same_outputs
 from tests.support.redis_servers import redis_server
-from tests.support.slow_link import SlowLink
 
 from .test_remote_engine import CHUNK_BYTES, HIT_TOKENS
 

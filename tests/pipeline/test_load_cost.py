@@ -154,3 +154,15 @@ def test_a_slow_remote_is_not_even_probed_and_a_fast_one_is_fetched() -> None:
     teach(fast_cost, s_per_token=0.001, remote_latency_s=0.0005, remote_s_per_chunk=0.0001)
     assert fast.lookup("r1", ks(1, 2, 3, 4)) == (Tier.REMOTE,) * 3
     assert fast_decisions == [(Tier.REMOTE, "load")]
+
+
+def test_round_trips_alone_can_rule_a_link_out_before_its_bytes_are_measured() -> None:
+    cost, decisions = model()
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.0001)  # 4 chunks recompute in 1.6 ms
+        cost.observe_round_trip(Tier.REMOTE, 0.05)  # a probe of a distant Redis
+    assert cost.load_s(Tier.REMOTE, 4) is None  # nothing fetched yet
+    assert cost.latency_floor_s(Tier.REMOTE, 2) == pytest.approx(0.1)
+    assert not cost.pays(Tier.REMOTE, 4, round_trips=2)
+    assert cost.latency_floor_s(Tier.DISK, 1) is None and cost.pays(Tier.DISK, 4)
+    assert decisions == [(Tier.REMOTE, "recompute"), (Tier.DISK, "load")]

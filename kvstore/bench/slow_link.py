@@ -4,8 +4,9 @@
         url = link.url  # redis://127.0.0.1:<port>/0
 
 Each direction of each connection delivers what it read `latency_s` later, in order, and no
-faster than `bytes_per_s` (a link, not a per-connection queue: both directions share nothing).
-It runs its own asyncio loop on a thread, so a test's engine and Redis clients see a real socket.
+faster than `bytes_per_s` (each direction of each connection paced on its own). It runs its own
+asyncio loop on a thread, so engines and Redis clients in the same process see a real socket.
+Used by `kvstore bench remote` and the tests of `load_policy: cost`.
 """
 
 from __future__ import annotations
