@@ -5,14 +5,16 @@ unrelated requests (its measurements: step times, probe round trips, write-throu
 link with 60 ms of latency each way, kvstore decides against Redis before the request waits on
 it (no hit, decisions counted as "recompute"); with `load_policy: always` the same engine loads
 through the same link (so the chunks were there and the link works); on the direct loopback
-link the cost policy loads them.
+link the cost policy loads them. The same for the disk tier, slowed by a delay in its reads.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,10 +30,11 @@ from kvstore.vllm.engine import (
 )
 from tests.support.oracle import assert_same_outputs
 from tests.support.redis_servers import redis_server
+from tiers.lmdb import LMDBStore
 
 from .test_remote_engine import CHUNK_BYTES, HIT_TOKENS
 
-pytestmark = [pytest.mark.engine, pytest.mark.redis]
+pytestmark = [pytest.mark.engine]
 
 PROMPTS = [[(29 * i + 11 * j) % 500 + 5 for i in range(200)] for j in range(1, 4)]
 
@@ -76,6 +79,7 @@ def _serve(model: Path, url: str, policy: str, prompts: Sequence[list[int]], see
     return Served(hits, decisions, runs)
 
 
+@pytest.mark.redis
 def test_a_slow_redis_is_decided_against_and_a_fast_one_is_loaded(tiny_model_dir: Path) -> None:
     with redis_server() as server:
         filled = _serve(tiny_model_dir, server.url, "always", PROMPTS, seed=1)
@@ -91,3 +95,50 @@ def test_a_slow_redis_is_decided_against_and_a_fast_one_is_loaded(tiny_model_dir
     assert fast.decisions["recompute"] == 0, fast.decisions
     for served in (slow, fast):
         assert_same_outputs(filled.runs, served.runs)
+
+
+DISK_PROMPTS = [[(37 * i + 5 * j) % 500 + 5 for i in range(200)] for j in range(1, 7)]
+
+
+@pytest.mark.parametrize("is_slow", [True, False], ids=["slow-disk", "fast-disk"])
+def test_a_slow_disk_is_decided_against_and_a_fast_one_is_loaded(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, is_slow: bool
+) -> None:
+    if is_slow:
+        read = LMDBStore.get_many_into
+
+        def slow_read(self: LMDBStore, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.25)  # a disk far slower than the tiny model's prefill
+            return read(self, *args, **kwargs)
+
+        monkeypatch.setattr(LMDBStore, "get_many_into", slow_read)  # the engine is in-process
+    config = kv_transfer_config(
+        cpu_bytes=8 * CHUNK_BYTES, disk_path=str(tmp_path / "store"), disk_bytes=128 * CHUNK_BYTES
+    )
+    first: list[GreedyRun] = []
+    again: list[GreedyRun] = []
+    with engine(tiny_model_dir, kv_transfer=config) as llm:
+        registry = scheduler_connector(llm).runtime.registry
+
+        def ask(prompt: list[int]) -> list[GreedyRun]:
+            assert llm.reset_prefix_cache()  # kvstore's tiers serve, not the engine's cache
+            _, runs = generate_runs(llm, [prompt])
+            drain(llm)
+            return runs
+
+        for prompt in warmup(5) + DISK_PROMPTS:  # computed; only the last stays in CPU
+            first.extend(ask(prompt))
+        for prompt in warmup(5)[:3]:  # disk hits: the engine measures the disk's reads
+            ask(prompt)
+        before = registry.get_sample_value(names.HIT_TOKENS, {"tier": "disk"}) or 0.0
+        for prompt in DISK_PROMPTS[:3]:
+            again.extend(ask(prompt))
+        hits = (registry.get_sample_value(names.HIT_TOKENS, {"tier": "disk"}) or 0.0) - before
+        recomputed = registry.get_sample_value(
+            names.LOAD_DECISIONS, {"tier": "disk", "decision": "recompute"}
+        )
+    if is_slow:
+        assert hits == 0 and recomputed == 3
+    else:
+        assert hits == 3 * HIT_TOKENS and recomputed == 0
+    assert_same_outputs(first[4:7], again)
