@@ -56,7 +56,7 @@ class PipelineService(DiskSubmitter, Protocol):
 
     def publish(self, events: Sequence[TierEvent]) -> None: ...
 
-    def drain_completions(self) -> list[Completion]: ...
+    def drain_completions(self, timeout_s: float = 0.0) -> list[Completion]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,9 +282,20 @@ class TierPipeline:
 
     # -- completions, events ----------------------------------------------------------------
 
-    def poll(self) -> None:
-        """Apply the tier service's finished work (disk writes, promotions)."""
-        for done in self._service.drain_completions():
+    @property
+    def is_waiting(self) -> bool:
+        """Some requester waits on a promotion or a remote probe or fetch in flight."""
+        remote = self._remote
+        return any(state.promoting for state in self._owners.values()) or (
+            remote is not None and remote.is_waiting
+        )
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Apply the tier service's finished work (disk writes, promotions, remote answers).
+        With `wait_s`, while a requester waits on that work and nothing has finished, block
+        up to `wait_s` for the first answer (see `ConnectorScheduler.build_connector_meta`)."""
+        timeout_s = wait_s if wait_s > 0 and self.is_waiting else 0.0
+        for done in self._service.drain_completions(timeout_s):
             if isinstance(done, WriteDone):
                 self._disk.finish_write(done)
             elif isinstance(done, PromotionDone):

@@ -81,6 +81,11 @@ class RemoteSteps:
         self._lookups: dict[str, RemoteLookup] = {}
         self._writing: set[BlockKey] = set()
 
+    @property
+    def is_waiting(self) -> bool:
+        """Some requester waits on a probe or a fetch."""
+        return any(state.is_pending for state in self._lookups.values())
+
     # -- lookups ----------------------------------------------------------------------------
 
     def extend(self, owner: str, keys: Sequence[BlockKey], num_local: int) -> bool:

@@ -123,7 +123,8 @@ class InlineTierService:
             self._completions.extend(run())
         return len(work)
 
-    def drain_completions(self) -> list[Completion]:
+    def drain_completions(self, timeout_s: float = 0.0) -> list[Completion]:
+        """The results so far (work runs in `run_pending`, on this thread: nothing to wait on)."""
         done, self._completions = self._completions, []
         return done
 

@@ -48,6 +48,9 @@ HIT_SOURCES: dict[Tier, CacheHitSource] = {
 
 logger = logging.getLogger(__name__)
 
+_IDLE_WAIT_S = 0.005
+"""The most an idle step waits for kvstore's I/O (`build_connector_meta`): an answer ends it."""
+
 
 class ConnectorScheduler:
     """Scheduler-side logic; the pipeline (index, service, metrics) is built by the caller."""
@@ -200,7 +203,11 @@ class ConnectorScheduler:
     # -- per step ---------------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVStoreConnectorMetadata:
-        self._pipeline.poll()
+        # A step with nothing to compute while requests wait on kvstore's I/O: vLLM would loop
+        # straight back (an idle step every few ms, which in one process takes the GIL from the
+        # I/O threads it waits on); wait briefly for the first answer instead.
+        idle = scheduler_output.total_num_scheduled_tokens == 0
+        self._pipeline.poll(wait_s=_IDLE_WAIT_S if idle else 0.0)
         meta = KVStoreConnectorMetadata(
             load_jobs=self._pending_loads, timed_step=self._start_timing(scheduler_output)
         )
