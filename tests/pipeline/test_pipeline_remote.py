@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from kvstore.events import ChunkRemoved, ChunkStored, TierEvent
 from kvstore.index import IndexConfig, TierIndex
 from kvstore.keys import BlockKey, Tier
 from kvstore.pipeline import TierPipeline
 from kvstore.pipeline.load_cost import LoadCostModel
+from kvstore.service.completions import Completion
 from kvstore.service.disk_io import DiskIO
 from kvstore.service.inline import InlineTierService
 from kvstore.service.inline_remote import SharedRemote
@@ -177,3 +180,34 @@ def test_the_engine_s_own_hits_are_accesses_in_every_tier() -> None:
     assert engine.index.ready_keys(Tier.CPU) == frozenset(ks(1, 3, 4, 5))
     assert engine.events(ChunkRemoved, Tier.REMOTE) == ks(2)
     assert shared.exists(ks(1, 2)) == [True, False]
+
+
+def test_an_idle_poll_waits_only_while_a_requester_waits_on_io(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`poll(wait_s)` (an engine step with nothing to compute) blocks for the service's first
+    answer only while a probe or fetch is in flight for someone; otherwise it returns at once."""
+    shared = SharedRemote(16)
+    writer, reader = make_engine(shared), make_engine(shared, has_disk=False)
+    writer.store_chunks(ks(1, 2))
+    writer.settle()
+    timeouts: list[float] = []
+    drain = reader.service.drain_completions
+
+    def recording(timeout_s: float = 0.0) -> list[Completion]:
+        timeouts.append(timeout_s)
+        return drain(timeout_s)
+
+    monkeypatch.setattr(reader.service, "drain_completions", recording)
+    reader.pipeline.poll(wait_s=0.005)
+    assert not reader.pipeline.is_waiting and timeouts == [0.0]
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2)).is_pending  # the probe is queued
+    assert reader.pipeline.is_waiting
+    timeouts.clear()
+    reader.pipeline.poll(wait_s=0.005)
+    reader.pipeline.poll()  # a step with tokens to compute never waits
+    assert timeouts == [0.005, 0.0]
+    assert reader.lookup("r1", ks(1, 2)) == (Tier.REMOTE,) * 2
+    assert not reader.pipeline.is_waiting
+    reader.pipeline.release("r1")
+    reader.pipeline.forget("r1")
