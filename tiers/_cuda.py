@@ -7,6 +7,8 @@ covered by the tests marked `cuda`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from tiers.errors import RegionError
 if TYPE_CHECKING:
     from tiers.paged import _Group
 
-__all__ = ["gather", "host_register", "host_unregister", "scatter"]
+__all__ = ["clear_last_error", "gather", "host_register", "host_unregister", "scatter"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,17 +89,44 @@ def _cudart() -> Any:
 
 
 def host_register(address: int, size_bytes: int) -> None:
-    """Pin `size_bytes` of host memory at `address` for fast async copies (cudaHostRegister)."""
+    """Pin `size_bytes` of host memory at `address` for fast async copies (cudaHostRegister).
+
+    A refusal (some hosts and sandboxes do not pin shared file mappings) raises RegionError
+    after clearing the CUDA runtime's last error: left set, the next kernel launch check reports
+    it as its own (seen on an H200: torch's `index_select` failed with "invalid argument")."""
     result = _cudart().cudaHostRegister(address, size_bytes, 0)
     if int(result) != 0:
+        clear_last_error()
         raise RegionError(
             f"cudaHostRegister of {size_bytes} bytes at {address:#x} failed with error "
             f"{int(result)}; pass pin=False to use unpinned memory"
         )
 
 
+def clear_last_error() -> None:
+    """Reset the CUDA runtime's last error (`cudaGetLastError`, which torch's bindings lack) in
+    the runtime library torch loaded; nothing when it cannot be found."""
+    runtime = _loaded_runtime()
+    if runtime is not None:
+        runtime.cudaGetLastError()
+
+
+@functools.cache
+def _loaded_runtime() -> ctypes.CDLL | None:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        with contextlib.suppress(OSError):
+            return ctypes.CDLL(path)  # already loaded: the same library, the same state
+    return None
+
+
 def host_unregister(address: int) -> None:
     """Undo `host_register`; logs (does not raise) on failure, since it runs during cleanup."""
     result = _cudart().cudaHostUnregister(address)
     if int(result) != 0:
+        clear_last_error()
         logger.warning("cudaHostUnregister at %#x failed with error %d", address, int(result))

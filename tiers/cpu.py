@@ -19,7 +19,9 @@ by a younger process), or whose header is unreadable, it logs a warning, removes
 fresh one. If the owner is alive it raises `RegionError`: never a crash loop.
 
 **Pinning.** With CUDA available and `pin` not False, each process registers its own mapping
-with `cudaHostRegister` (and unregisters it on close). The CPU-only path never touches CUDA.
+with `cudaHostRegister` (and unregisters it on close). With `pin=None` (the default) a host that
+refuses (some sandboxes do not pin shared file mappings) gets a warning and an unpinned region:
+copies are staged, not wrong. The CPU-only path never touches CUDA.
 
 **Views.** `row(i)`, `row_tensor(i)` and `rows_tensor()` are zero-copy views. `close()` drops the
 region's own references and unmaps; if the caller still holds views, the mapping stays alive
@@ -34,6 +36,7 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import numpy as np
 import torch
@@ -64,7 +67,7 @@ class CPURegion:
     """
 
     def __init__(
-        self, path: Path, header: RegionHeader, mapping: mmap.mmap, *, is_owner: bool, pin: bool
+        self, path: Path, header: RegionHeader, mapping: mmap.mmap, *, is_owner: bool, pin: _Pin
     ) -> None:
         self.path = path
         self.header = header
@@ -73,15 +76,26 @@ class CPURegion:
         self._array: np.ndarray | None = np.frombuffer(mapping, dtype=np.uint8)
         self._base: torch.Tensor | None = torch.from_numpy(self._array)
         self.is_pinned = False
-        if pin:
+        if pin != "off":
             from tiers import _cuda
 
             try:
                 _cuda.host_register(self._base.data_ptr(), self._base.numel())
+            except RegionError as exc:
+                if pin == "required":
+                    self._base = self._array = None  # release the exports so the map can close
+                    raise
+                logger.warning(
+                    "CPU region %s is not pinned (%s): copies to and from the GPU are staged "
+                    "and slower; pin=False skips the attempt",
+                    path,
+                    exc,
+                )
             except BaseException:
-                self._base = self._array = None  # release the exports so the map can close
+                self._base = self._array = None
                 raise
-            self.is_pinned = True
+            else:
+                self.is_pinned = True
 
     @classmethod
     def create(
@@ -235,13 +249,20 @@ class CPURegion:
         return self._base
 
 
-def _resolve_pin(pin: bool | None) -> bool:
+_Pin = Literal["off", "required", "if_possible"]
+
+
+def _resolve_pin(pin: bool | None) -> _Pin:
+    """`pin=None`: pin when CUDA is present, and run unpinned (a warning) if the host refuses;
+    `pin=True`: pin or fail."""
     if pin is False:
-        return False
+        return "off"
     has_cuda = torch.cuda.is_available()
     if pin and not has_cuda:
         raise TierConfigError("pin=True needs a CUDA device; none is available (use pin=None)")
-    return has_cuda
+    if not has_cuda:
+        return "off"
+    return "required" if pin else "if_possible"
 
 
 def _check_sizes(

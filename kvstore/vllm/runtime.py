@@ -112,9 +112,9 @@ class SchedulerRuntime:
             )
         config.region_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         reclaim_stale_regions(config.region_dir, prefix="kvstore-")
-        self.region = CPURegion.create(
-            geo.region_name, num_rows, geo.row_bytes, directory=config.region_dir
-        )
+        self.region = CPURegion.create(  # the workers pin their own mappings; this one
+            geo.region_name, num_rows, geo.row_bytes, directory=config.region_dir, pin=False
+        )  # is never copied to a device
         return num_rows
 
     def _open_disk(self) -> OpenedDisk | None:

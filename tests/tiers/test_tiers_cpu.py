@@ -184,3 +184,27 @@ def test_header_round_trip_and_default_directory(tmp_path: Path) -> None:
         with CPURegion.create(name, 1, 4096) as region:
             assert region.path == DEFAULT_REGION_DIRECTORY / name
         assert not region.path.exists()
+
+
+def test_a_host_that_refuses_to_pin_gets_an_unpinned_region_and_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen on an H200 in a sandbox: cudaHostRegister refused the shared mapping (error 1). With
+    `pin=None` the region still opens, unpinned, and says so; `pin=True` still fails."""
+    from tiers import _cuda
+
+    def refuse(address: int, size_bytes: int) -> None:
+        raise RegionError(f"cudaHostRegister of {size_bytes} bytes failed with error 1")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_cuda, "host_register", refuse)
+    with caplog.at_level(logging.WARNING, logger="tiers.cpu"):
+        region = CPURegion.create("refused", 2, 4096, directory=tmp_path)
+    with region:
+        assert not region.is_pinned
+        region.row(1)[:3] = b"abc"
+        assert bytes(region.row(1)[:3]) == b"abc"
+    assert "is not pinned" in caplog.text and "error 1" in caplog.text
+    with pytest.raises(RegionError, match="error 1"):
+        CPURegion.create("refused-required", 2, 4096, directory=tmp_path, pin=True)
+    assert not (tmp_path / "refused-required").exists()
