@@ -8,10 +8,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import zmq
 from rich.console import Console
 from rich.markup import escape
 
@@ -25,6 +24,9 @@ from kvstore.eventbus.wire import (
     KVEventBatch,
     decode_batch,
 )
+
+if TYPE_CHECKING:
+    import zmq  # imported where used: `kvstore --help` need not load it
 
 __all__ = ["WatchedEvent", "watch"]
 
@@ -76,6 +78,8 @@ def _events(seq: int, batch: KVEventBatch) -> Iterator[WatchedEvent]:
 def _open_subscriber(
     ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, topic: str
 ) -> zmq.Socket[bytes]:
+    import zmq
+
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     sub.setsockopt(zmq.LINGER, 0)
@@ -185,6 +189,8 @@ def watch(
             )
     printer = _Printer(count, as_json, Console(highlight=False), err)
     timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
+    import zmq
+
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         try:
@@ -218,6 +224,8 @@ def _replay(
     printer: _Printer,
 ) -> None:
     """Ask the publisher's ROUTER for its buffered batches from `from_seq`, until the end marker."""
+    import zmq
+
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(endpoint)
