@@ -170,29 +170,27 @@ class RemoteIO:
         loaded = await self._chunks.load_into(keys, [self._rows.row(row) for _, row in items])
         ok = tuple(key for key, hit in zip(keys, loaded, strict=True) if hit)
         failed = tuple(key for key, hit in zip(keys, loaded, strict=True) if not hit)
-        duration_s = self._observe(Direction.REMOTE_TO_CPU, items, len(ok), start_s, not failed)
-        self._post(RemoteFetchDone(ok, failed, tag, self._bytes(items, len(ok)), duration_s))
+        num_bytes = self._bytes(items, len(ok))
+        duration_s = self._observe(Direction.REMOTE_TO_CPU, num_bytes, start_s, not failed)
+        self._post(RemoteFetchDone(ok, failed, tag, num_bytes, duration_s))
 
     async def _write(self, items: list[tuple[BlockKey, int]]) -> None:
         start_s = time.perf_counter()
         landed = await self._chunks.store_many([(k, self._rows.row(r)) for k, r in items])
         ok = tuple(key for (key, _), hit in zip(items, landed, strict=True) if hit)
         failed = tuple(key for (key, _), hit in zip(items, landed, strict=True) if not hit)
-        duration_s = self._observe(Direction.CPU_TO_REMOTE, items, len(ok), start_s, not failed)
-        done = RemoteWriteDone(ok, failed, self._bytes(items, len(ok)), duration_s)
-        self._post(done, len(items))
+        num_bytes = self._bytes(items, len(ok))
+        duration_s = self._observe(Direction.CPU_TO_REMOTE, num_bytes, start_s, not failed)
+        self._post(RemoteWriteDone(ok, failed, num_bytes, duration_s), len(items))
 
     def _bytes(self, items: Sequence[tuple[BlockKey, int]], num_ok: int) -> int:
         return num_ok * len(self._rows.row(items[0][1])) if items else 0
 
-    def _observe(
-        self, direction: Direction, items: Sequence[tuple[BlockKey, int]], num_ok: int,
-        start_s: float, is_ok: bool,
-    ) -> float:  # fmt: skip
+    def _observe(self, direction: Direction, num_bytes: int, start_s: float, is_ok: bool) -> float:
         """Record the transfer's metrics; returns its duration."""
         duration_s = time.perf_counter() - start_s
-        if self._metrics is not None and items:
-            self._metrics.observe_transfer(direction, self._bytes(items, num_ok), duration_s, is_ok)
+        if self._metrics is not None:
+            self._metrics.observe_transfer(direction, num_bytes, duration_s, is_ok)
         return duration_s
 
 

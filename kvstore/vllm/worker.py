@@ -163,7 +163,11 @@ class ConnectorWorker:
 
     def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
         """Before the forward when the step has sync loads (vLLM's `has_sync_kv_loads`), else
-        right after it: sync loads complete here; queued ones progress within the budget."""
+        right after it: sync loads complete here; queued ones progress within the budget.
+        Every release calls it before it builds the step's worker metadata (`wait_for_save` may
+        come a step later, under 0.34's deferred finalize), so a timed step is echoed here."""
+        if meta.timed_step:
+            self._timed_steps.append(meta.timed_step)
         for job in meta.load_jobs:
             if not job.is_sync:
                 self._load_reqs[job.job_id] = job.req_id
@@ -176,8 +180,6 @@ class ConnectorWorker:
             self._req_store_jobs[job.req_id].add(job.job_id)
         self._submit(meta.store_jobs).run_stores(meta.store_jobs)
         self._finish_watch.update(meta.finished_store_reqs)
-        if meta.timed_step:
-            self._timed_steps.append(meta.timed_step)
 
     def _submit(self, jobs: Sequence[CopyJob]) -> TransferEngine | _NoEngine:
         """The engine that runs `jobs` (now tracked until their result); while the KV caches

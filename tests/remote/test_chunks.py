@@ -177,3 +177,23 @@ async def test_touch_on_a_cluster_goes_to_each_key_s_master(
         assert await chunks.touch([*keys, key(99)]) == [True] * 30 + [False]
         assert store.stats.num_round_trips["touch"] == len(shared_cluster.nodes)
         await chunks.remove(keys)
+
+
+async def test_a_probe_says_answered_on_a_healthy_cluster_and_not_after_a_node_died(
+    cluster: RedisClusterServers,
+) -> None:
+    """`probe`'s `answered` tells `load_policy: cost` whether a round trip's time is the link's:
+    true for every one of many concurrent probes of a healthy cluster (hits and misses alike),
+    false once a master is gone (its keys are DOWN, the time a timeout's)."""
+    async with RemoteStore(make_config(cluster.url)) as store:
+        chunks = RemoteChunks(store, descriptor("probe-model", row_bytes=ROW))
+        keys = [key(i) for i in range(30)]
+        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        probes = await asyncio.gather(
+            *(chunks.probe([*keys[i:], key(100 + i)]) for i in range(20))
+        )
+        for i, (found, answered) in enumerate(probes):
+            assert answered and found == [True] * (30 - i) + [False]
+        cluster.nodes[0].kill()
+        found, answered = await chunks.probe(keys)
+        assert not answered and not all(found)
