@@ -39,6 +39,7 @@ __all__ = ["EVICTION_POLICIES", "WRITE_POLICIES", "KVStoreConfig", "parse_size"]
 EVICTION_POLICIES = POLICY_NAMES
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
 LOAD_POLICIES = ("cost", "always")  # see kvstore.pipeline.load_cost
+DISK_WRITERS = ("process", "thread")  # see kvstore.diskwriter
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,9 @@ class KVStoreConfig:
     events_log: Path | None = None
     events_log_max_bytes: int = 64 << 20
     disk_queue_chunks: int = 256
+    # `process`: LMDB writes run in a child process at idle CPU/IO priority (kvstore.diskwriter);
+    # `thread`: on a thread of the engine's process, beside vLLM's scheduler and model runner.
+    disk_writer: str = "process"
     load_failure_policy: str = "recompute"
     # `cost`: a hit on disk or in Redis is loaded only when that is expected to beat recomputing
     # it (kvstore.pipeline.load_cost); `always`: every hit is loaded.
@@ -127,6 +131,7 @@ class KVStoreConfig:
         require(problem is None, "write_policy", problem or "")
         check_choice("load_failure_policy", self.load_failure_policy, LOAD_FAILURE_POLICIES)
         check_choice("load_policy", self.load_policy, LOAD_POLICIES)
+        check_choice("disk_writer", self.disk_writer, DISK_WRITERS)
         require(self.admission_min_sightings >= 1, "admission_min_sightings", "must be >= 1")
         if self.metrics_port is not None:
             require(0 <= self.metrics_port <= 65535, "metrics_port", "must be in 0..65535")
@@ -160,6 +165,7 @@ _PARSERS: dict[str, Parser] = {
     "events_log": parse_optional_path,
     "events_log_max_bytes": parse_size,
     "disk_queue_chunks": parse_int,
+    "disk_writer": parse_lower_str,
     "load_failure_policy": parse_lower_str,
     "load_policy": parse_lower_str,
     "shutdown_timeout_s": parse_float,

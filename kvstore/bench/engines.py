@@ -152,13 +152,17 @@ def bench_engine(
     *,
     kv_cache_tokens: int | None = None,
     kvstore: Mapping[str, Any] | None = None,
+    multiprocess: bool = True,
+    has_connector: bool = True,
 ) -> Iterator[BenchEngine]:
     """An engine for prompts of up to `num_tokens` whose own KV cache holds `kv_cache_tokens`
     (two such prompts by default); kvstore on when `kvstore` (its `kv_connector_extra_config`)
-    is given, else `NullConnector`."""
+    is given, else `NullConnector`, or no connector at all when not `has_connector`.
+    `multiprocess`: vLLM's default layout (the engine core in a child process), else the
+    engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
     kv_bytes = (kv_cache_tokens or 2 * num_tokens) * BENCH_SPEC.kv_bytes_per_token
     metrics_url = None
-    transfer = null_transfer_config()
+    transfer: dict[str, Any] | None = null_transfer_config() if has_connector else None
     if kvstore is not None:
         port = free_port()
         transfer = kv_transfer_config(metrics_port=port, **kvstore)
@@ -170,6 +174,6 @@ def bench_engine(
         kv_cache_bytes=kv_bytes,
         max_model_len=num_tokens + 64,
         dtype=BENCH_SPEC.dtype,
-        multiprocess=True,
+        multiprocess=multiprocess,
     ) as llm:
         yield BenchEngine(llm, metrics_url)

@@ -21,6 +21,7 @@ class Suite(StrEnum):
     INDEX = "index"
     CONNECTOR = "connector"
     REMOTE = "remote"
+    NOHIT = "nohit"
     ALL = "all"
 
 
@@ -45,7 +46,7 @@ def bench(
         raise typer.Exit(0)
     extra = [*ctx.args, "--help"] if wants_help else list(ctx.args)
     suite = Suite.ALL if suite is None else suite
-    everyday = (Suite.TIERS, Suite.INDEX, Suite.CONNECTOR)  # remote needs a Redis
+    everyday = (Suite.TIERS, Suite.INDEX, Suite.CONNECTOR)  # remote needs a Redis, nohit time
     suites = list(everyday) if suite is Suite.ALL else [suite]
     for name in suites:
         command = _command(name)

@@ -18,7 +18,7 @@ from kvstore.keys import BlockKey, short_hex
 from kvstore.service.completions import PromotionDone, WriteDone
 from tiers.errors import CorruptionError, StoreFullError, TierError
 
-__all__ = ["DiskIO", "DiskStore", "IOReport", "RowBuffers"]
+__all__ = ["DiskIO", "DiskStore", "IOReport", "LocalRowWriter", "RowBuffers", "RowWriter"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,42 @@ class RowBuffers(Protocol):
     def row(self, index: int) -> memoryview: ...
 
 
+class RowWriter(Protocol):
+    """The store's write half, addressed by CPU row: in this thread (`LocalRowWriter`) or in
+    the disk-writer process (`kvstore.diskwriter.DiskWriterProcess`). Raises as the store does."""
+
+    def put_rows(
+        self, namespace: str, items: Sequence[tuple[BlockKey, int]], now_s: float
+    ) -> int: ...
+
+    def delete_many(self, namespace: str, keys: Sequence[bytes]) -> int: ...
+
+    def touch_many(self, namespace: str, keys: Sequence[bytes], now_s: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalRowWriter:
+    """Writes rows into `store` on the calling thread."""
+
+    def __init__(self, store: DiskStore, rows: RowBuffers) -> None:
+        self._store = store
+        self._rows = rows
+
+    def put_rows(self, namespace: str, items: Sequence[tuple[BlockKey, int]], now_s: float) -> int:
+        pairs = [(key, self._rows.row(row)) for key, row in items]
+        return self._store.put_many(namespace, pairs, now_s=now_s)
+
+    def delete_many(self, namespace: str, keys: Sequence[bytes]) -> int:
+        return self._store.delete_many(namespace, keys)
+
+    def touch_many(self, namespace: str, keys: Sequence[bytes], now_s: float) -> None:
+        self._store.touch_many(namespace, keys, now_s=now_s)
+
+    def close(self) -> None:
+        pass  # the store is closed by its owner
+
+
 @dataclass(frozen=True, slots=True)
 class IOReport:
     """What one batch did, for the metrics."""
@@ -64,7 +100,11 @@ class IOReport:
 
 
 class DiskIO:
-    """Runs batches against the store; never raises for expected failures (returns them)."""
+    """Runs batches against the store; never raises for expected failures (returns them).
+
+    Reads run here, against `store`; writes, deletes and touches go through `writer` (by default
+    on the calling thread; `DiskWriterProcess` moves them out of the engine's process).
+    """
 
     def __init__(
         self,
@@ -72,12 +112,18 @@ class DiskIO:
         namespace: str,
         rows: RowBuffers,
         *,
+        writer: RowWriter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._ns = namespace
         self._rows = rows
+        self._writer = writer if writer is not None else LocalRowWriter(store, rows)
         self._clock = clock
+
+    @property
+    def writer(self) -> RowWriter:
+        return self._writer
 
     def write(
         self, items: Sequence[tuple[BlockKey, int]], victims: Sequence[BlockKey]
@@ -87,10 +133,8 @@ class DiskIO:
         keys = tuple(key for key, _ in items)
         try:
             if victims:
-                self._store.delete_many(self._ns, list(victims))
-            num_bytes = self._store.put_many(
-                self._ns, [(key, self._rows.row(row)) for key, row in items], now_s=self._clock()
-            )
+                self._writer.delete_many(self._ns, list(victims))
+            num_bytes = self._writer.put_rows(self._ns, items, self._clock())
         except StoreFullError as exc:
             logger.warning("kvstore disk tier refused %d chunks: %s", len(keys), exc)
             report = self._report("cpu_to_disk", 0, start_s, False)
@@ -139,22 +183,26 @@ class DiskIO:
 
     def delete(self, keys: Sequence[BlockKey]) -> int:
         try:
-            return self._store.delete_many(self._ns, list(keys))
+            return self._writer.delete_many(self._ns, list(keys))
         except (TierError, OSError) as exc:
             logger.error("kvstore disk delete of %d chunks failed: %s", len(keys), exc)
             return 0
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         try:
-            self._store.touch_many(self._ns, list(keys), now_s=self._clock())
+            self._writer.touch_many(self._ns, list(keys), self._clock())
         except (TierError, OSError) as exc:
             logger.warning("kvstore disk touch of %d chunks failed: %s", len(keys), exc)
 
     def close(self) -> None:
+        """End the writer (the disk-writer process syncs its commits), then sync and close."""
         try:
-            self._store.sync()
+            self._writer.close()
         finally:
-            self._store.close()
+            try:
+                self._store.sync()
+            finally:
+                self._store.close()
 
     @staticmethod
     def _report(

@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kvstore.config import KVStoreConfig
+from kvstore.diskwriter.client import DiskWriterProcess
 from kvstore.errors import ConfigError
 from kvstore.eventbus import EventBus, JSONLSink, ZMQPublisherSink
 from kvstore.eventbus.sink import EventSink
@@ -156,7 +157,7 @@ class SchedulerRuntime:
         config, store, region = self.config, self.store, self.region
         assert region is not None  # _start_region ran
         service = TierService(
-            disk=DiskIO(store, self.namespace, region) if store is not None else None,
+            disk=self._disk_io(store, region) if store is not None else None,
             metrics=self.metrics,
             publisher=self._event_bus(),
             max_queued_chunks=config.disk_queue_chunks,
@@ -171,6 +172,24 @@ class SchedulerRuntime:
         except RemoteAuthError as exc:
             raise ConfigError(str(exc)) from exc
         return service
+
+    def _disk_io(self, store: LMDBStore, region: CPURegion) -> DiskIO:
+        """Reads here; writes in the disk-writer process (`disk_writer: process`), or on the
+        service's writer thread when so configured or when the process cannot start."""
+        if self.config.disk_writer == "thread":
+            return DiskIO(store, self.namespace, region)
+        try:
+            writer = DiskWriterProcess.start(
+                store_path=store.path, capacity_bytes=store.capacity_bytes, region_path=region.path
+            )
+        except TierError as exc:
+            logger.warning(
+                "kvstore: the disk-writer process did not start (%s); LMDB writes run on a "
+                "thread of the engine's process (disk_writer: thread)",
+                exc,
+            )
+            return DiskIO(store, self.namespace, region)
+        return DiskIO(store, self.namespace, region, writer=writer)
 
     def _remote_chunks(self) -> RemoteChunks | None:
         """The shared remote tier, when `remote_url` is set (connected when the service
