@@ -71,6 +71,9 @@ class KVStoreConfig:
     # it (kvstore.pipeline.load_cost); `always`: every hit is loaded.
     load_policy: str = "cost"
     shutdown_timeout_s: float = 10.0
+    # A lookup that finds disk-only chunks waits up to this long for their read into CPU rows,
+    # so a fast read costs no extra scheduler step (0: answer "pending" at once).
+    promotion_wait_ms: float = 20.0
     namespace_salt: str = ""  # change it when the weights behind a model name change
     # A CPU-tier hit is loaded in the step that computes the rest of the prompt (vLLM is told
     # `load_kv_async=False`) while that step's sync loads stay within this many bytes; a larger
@@ -137,6 +140,7 @@ class KVStoreConfig:
             require(0 <= self.metrics_port <= 65535, "metrics_port", "must be in 0..65535")
         require(self.disk_queue_chunks >= 1, "disk_queue_chunks", "must be >= 1")
         require(self.shutdown_timeout_s > 0, "shutdown_timeout_s", "must be > 0 seconds")
+        require(0 <= self.promotion_wait_ms <= 1000, "promotion_wait_ms", "must be in 0..1000 ms")
         require(self.events_log_max_bytes >= 4096, "events_log_max_bytes", "must be >= 4096")
         require(self.sync_load_budget_bytes >= 0, "sync_load_budget_bytes", "must be >= 0")
         require(
@@ -169,6 +173,7 @@ _PARSERS: dict[str, Parser] = {
     "load_failure_policy": parse_lower_str,
     "load_policy": parse_lower_str,
     "shutdown_timeout_s": parse_float,
+    "promotion_wait_ms": parse_float,
     "namespace_salt": parse_text,
     "sync_load_budget_bytes": parse_size,
     "step_copy_budget_bytes": parse_size,

@@ -16,6 +16,7 @@ are applied at the owner's next call (`poll`), so the index stays single-threade
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -96,9 +97,11 @@ class TierPipeline:
         *,
         num_tokens_per_chunk: int,
         cost: LoadCostModel | None = None,
+        promotion_wait_s: float = 0.0,
     ) -> None:
         self._index = index
         self._cost = cost  # None: every hit is loaded
+        self._promotion_wait_s = promotion_wait_s
         self._service = service
         self._observers = Observers(observers, service.publish)
         self._num_tokens_per_chunk = num_tokens_per_chunk
@@ -122,13 +125,15 @@ class TierPipeline:
     # -- lookups ----------------------------------------------------------------------------
 
     def prepare_lookup(
-        self, owner: str, keys: Sequence[BlockKey], *, skip_tokens: int = 0
+        self, owner: str, keys: Sequence[BlockKey], *, skip_tokens: int = 0, may_wait: bool = True
     ) -> LookupAnswer:
         """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
-        promoted first (the answer is pending until they land). `skip_tokens` of the first
-        chunk are the requester's own (not counted as served). While a promotion runs, and
-        once it landed, the prefix is held until `prepare_load` or `release`; a CPU-only hit is
-        not held (one evicted before its load is `missing` there, and recomputed)."""
+        promoted first: the answer waits up to `promotion_wait_s` for them to land (a fast
+        read then costs the requester no extra scheduler step), else it is pending until they
+        do. `skip_tokens` of the first chunk are the requester's own (not counted as served).
+        While a promotion runs, and once it landed, the prefix is held until `prepare_load` or
+        `release`; a CPU-only hit is not held (one evicted before its load is `missing` there,
+        and recomputed)."""
         self.poll()
         state = self._owners.setdefault(owner, _Owner())
         if state.promoting:
@@ -142,6 +147,8 @@ class TierPipeline:
             if self._promotion_pays(result.tiers) and self._start_promotion(
                 owner, state, result.keys
             ):
+                if may_wait and self._await_promotion(state, result.num_disk_hits):
+                    return self.prepare_lookup(owner, keys, skip_tokens=skip_tokens, may_wait=False)
                 return _PENDING
             num_hits = _leading(result.tiers, Tier.CPU)
         elif self._remote is not None and self._remote.extend(owner, keys, num_hits):
@@ -162,6 +169,22 @@ class TierPipeline:
         if self._cost is None:
             return True
         return self._cost.pays(Tier.DISK, sum(1 for tier in tiers if tier is Tier.DISK))
+
+    def _await_promotion(self, state: _Owner, num_chunks: int) -> bool:
+        """Wait (without the GIL) up to `promotion_wait_s` for `state`'s promotion to land;
+        not at all when the disk's measured speed says it would not land in time."""
+        wait_s = self._promotion_wait_s
+        if self._cost is not None:
+            expected_s = self._cost.load_s(Tier.DISK, num_chunks)
+            if expected_s is not None and expected_s > wait_s:
+                return False
+        deadline_s = time.monotonic() + wait_s
+        while state.promoting:
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                return False
+            self.poll(wait_s=left_s)
+        return True
 
     def observe_step(self, num_tokens: int, duration_s: float) -> None:
         """An engine step computed `num_tokens` tokens in `duration_s` (the cost of recompute)."""

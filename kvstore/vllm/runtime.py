@@ -90,6 +90,7 @@ class SchedulerRuntime:
             [self.metrics],
             num_tokens_per_chunk=self.geometry.num_tokens_per_chunk,
             cost=self._cost_model(),
+            promotion_wait_s=self.config.promotion_wait_ms / 1000,
         )
         self._start_metrics(num_rows)
 

@@ -4,6 +4,8 @@ release under test)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from kvstore.service import TierService
 from kvstore.service.disk_io import DiskIO
 from kvstore.vllm.geometry import EngineGeometry
 from kvstore.vllm.scheduler import ConnectorScheduler
+from tiers.errors import CorruptionError
 from tiers.memory import MemoryStore
 
 from .vllm_objects import make_request
@@ -68,9 +71,23 @@ class Rows:
         return memoryview(self._rows[index])
 
 
+class SlowReads(MemoryStore):
+    """A memory store whose reads take `delay_s` longer."""
+
+    def __init__(self, capacity_bytes: int, *, delay_s: float = 0.0) -> None:
+        super().__init__(capacity_bytes)
+        self.delay_s = delay_s
+
+    def get_many_into(
+        self, namespace: str, items: Sequence[tuple[bytes, memoryview]]
+    ) -> list[int | CorruptionError | None]:
+        time.sleep(self.delay_s)
+        return super().get_many_into(namespace, items)
+
+
 def make_harness(
     num_cpu_rows: int = 8, *, disk_chunks: int = 0, sync_budget_chunks: int = 100,
-    tmp: Path | None = None,
+    tmp: Path | None = None, promotion_wait_s: float = 0.0, read_delay_s: float = 0.0,
 ) -> Harness:  # fmt: skip
     index = TierIndex(
         IndexConfig(
@@ -84,12 +101,14 @@ def make_harness(
     store = None
     disk = None
     if disk_chunks:
-        store = MemoryStore(disk_chunks * SLICE_BYTES * 2)
+        store = SlowReads(disk_chunks * SLICE_BYTES * 2, delay_s=read_delay_s)
         store.register_namespace("ns", {"row_bytes": SLICE_BYTES})
         disk = DiskIO(store, "ns", Rows(num_cpu_rows))
     service = TierService(disk=disk, metrics=metrics)
     service.start()
-    pipeline = TierPipeline(index, service, [metrics], num_tokens_per_chunk=BLOCK)
+    pipeline = TierPipeline(
+        index, service, [metrics], num_tokens_per_chunk=BLOCK, promotion_wait_s=promotion_wait_s
+    )
     scheduler = ConnectorScheduler(
         GEOMETRY,
         pipeline,

@@ -121,8 +121,20 @@ def test_a_finished_request_waits_for_its_stores(harness: Harness) -> None:
     assert len(harness.index.ready_keys(Tier.CPU)) == 2
 
 
-def test_disk_hits_are_promoted_before_they_load() -> None:
-    h = make_harness(num_cpu_rows=2, disk_chunks=8)
+@pytest.mark.parametrize(
+    ("promotion_wait_s", "read_delay_s", "is_answered_at_once"),
+    [(0.0, 0.0, False), (5.0, 0.0, True), (0.05, 0.3, False)],
+    ids=["no-wait", "fast-read-within-the-wait", "slow-read-past-the-wait"],
+)
+def test_disk_hits_are_promoted_before_they_load(
+    promotion_wait_s: float, read_delay_s: float, is_answered_at_once: bool
+) -> None:
+    """The first lookup of a disk-only prefix answers the hit at once when the read lands
+    within the promotion wait (no extra scheduler step), else "pending" until it lands."""
+    h = make_harness(
+        num_cpu_rows=2, disk_chunks=8, promotion_wait_s=promotion_wait_s,
+        read_delay_s=read_delay_s,
+    )  # fmt: skip
     try:
         store_prompt(h, new_request("a", PROMPT), [0, 1, 2])
         wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 2)
@@ -130,11 +142,17 @@ def test_disk_hits_are_promoted_before_they_load() -> None:
         store_prompt(h, other, [3, 4, 5])  # evicts PROMPT's chunks from the 2 CPU rows
         wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 4)
         again = new_request("b", PROMPT)
-        assert h.scheduler.get_num_new_matched_tokens(again, 0) == (None, False)
+        start_s = time.monotonic()
+        first = h.scheduler.get_num_new_matched_tokens(again, 0)
+        waited_s = time.monotonic() - start_s
+        assert first == ((2 * BLOCK, False) if is_answered_at_once else (None, False))
+        assert waited_s < max(promotion_wait_s, 0.01) + 0.25  # never past the wait
         deadline = time.monotonic() + 5
-        while (hit := h.scheduler.get_num_new_matched_tokens(again, 0))[0] is None:
+        hit = first
+        while hit[0] is None:
             assert time.monotonic() < deadline
             time.sleep(0.01)
+            hit = h.scheduler.get_num_new_matched_tokens(again, 0)
         assert hit == (2 * BLOCK, False)
         h.scheduler.update_state_after_alloc(again, kv_cache_blocks([7, 8, 9]), 2 * BLOCK)
         (load,) = step(h, again, [7, 8, 9]).load_jobs
