@@ -1,4 +1,5 @@
-"""Build a tiny Llama with random weights, locally (no hub access needed).
+"""Build a tiny Llama (or a tiny Gemma-3-style hybrid) with random weights, locally (no hub
+access needed).
 
 Used by the demo, the benchmarks and the engine tests. The weights are seeded, so two builds of
 the same config are byte-identical and a store written by one run is readable by the next.
@@ -10,7 +11,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["TinyLlamaSpec", "build_tiny_llama"]
+__all__ = ["GEMMA3_SLIDING_WINDOW", "TinyLlamaSpec", "build_tiny_gemma3", "build_tiny_llama"]
+
+GEMMA3_SLIDING_WINDOW = 64
+"""Tokens of the tiny Gemma-3-style model's sliding window (its layers 0-2; layer 3 is full)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,42 @@ def build_tiny_llama(directory: Path, spec: TinyLlamaSpec | None = None) -> Path
     )
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype))  # type: ignore[no-untyped-call]
+    model.save_pretrained(directory)
+    marker.write_text(wanted)
+    return directory
+
+
+def build_tiny_gemma3(directory: Path, seed: int = 0) -> Path:
+    """Write a random-weight Gemma-3-style text model to `directory` (once): 4 layers, three
+    sliding-window (`GEMMA3_SLIDING_WINDOW` tokens) and one full attention, float32, the
+    vocabulary and widths of `TinyLlamaSpec`."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    directory = Path(directory)
+    marker = directory / "kvstore-tiny-model.json"
+    wanted = json.dumps({"kind": "gemma3", "seed": seed, "window": GEMMA3_SLIDING_WINDOW})
+    if marker.exists() and marker.read_text() == wanted:
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = TinyLlamaSpec()
+    config = Gemma3TextConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=4,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        sliding_window=GEMMA3_SLIDING_WINDOW,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(config).to(torch.float32)  # type: ignore[no-untyped-call,arg-type]
     model.save_pretrained(directory)
     marker.write_text(wanted)
     return directory

@@ -16,6 +16,7 @@ __all__ = [
     "HIT_CHUNKS",
     "HIT_TOKENS",
     "IO_ERRORS",
+    "HYBRID_MANAGER_OFF",
     "KEYS_STABLE",
     "LOAD_AUDIT_CHUNKS",
     "LOAD_FAILED_CHUNKS",
@@ -96,6 +97,7 @@ LOAD_DECISIONS = "kvstore_load_decisions_total"  # {tier, decision}: load, recom
 
 # Identity.
 KEYS_STABLE = "kvstore_keys_stable"
+HYBRID_MANAGER_OFF = "kvstore_hybrid_manager_off"
 BUILD_INFO = "kvstore_build_info"  # {version, python_version}
 CONFIG_INFO = "kvstore_config_info"  # {<config key>...}
 
@@ -137,6 +139,7 @@ METRIC_NAMES: tuple[str, ...] = (
     LOAD_AUDIT_CHUNKS,
     LOAD_DECISIONS,
     KEYS_STABLE,
+    HYBRID_MANAGER_OFF,
     BUILD_INFO,
     CONFIG_INFO,
     STORE_FILE_BYTES,

@@ -107,7 +107,9 @@ class KVStoreMetrics:
             for reason in REMOVAL_REASONS:
                 self._removed.labels(t.value, reason)
         self._tier_up = Gauge(
-            names.TIER_UP, "1 while a tier serves, 0 once its I/O task died for good.", ["tier"],
+            names.TIER_UP,
+            "1 while a tier serves, 0 once its I/O task died for good.",
+            ["tier"],
             registry=r,
         )
         for tier_up in TIERS:
@@ -177,6 +179,12 @@ class KVStoreMetrics:
                 self._load_decisions.labels(t.value, decision)
         self._keys_stable = Gauge(
             names.KEYS_STABLE, "1 when chunk keys are stable across restarts.", registry=r
+        )
+        self._hybrid_manager_off = Gauge(
+            names.HYBRID_MANAGER_OFF,
+            "1 when the model has sliding-window/chunked-local layers and vLLM's hybrid KV cache "
+            "manager is off because kvstore does not support it (those layers keep every token).",
+            registry=r,
         )
 
     # -- lookups -----------------------------------------------------------------------------
@@ -314,6 +322,9 @@ class KVStoreMetrics:
 
     def set_key_stability(self, is_stable: bool) -> None:
         self._keys_stable.set(1 if is_stable else 0)
+
+    def set_hybrid_manager_off(self, is_off: bool) -> None:
+        self._hybrid_manager_off.set(1 if is_off else 0)
 
     def set_config_info(self, config: Mapping[str, object]) -> None:
         """Static configuration as `kvstore_config_info` labels (short scalar values only)."""

@@ -57,6 +57,13 @@ __all__ = ["KVStoreConnector"]
 
 logger = logging.getLogger(__name__)
 
+_HYBRID_WARNING = (
+    "kvstore: %d of this model's %d attention layers are sliding-window or chunked-local "
+    "(window %d tokens). KVStoreConnector does not support vLLM's hybrid KV cache manager yet, so "
+    "vLLM turned it off: those layers keep KV for every token, in the engine and in kvstore's "
+    "tiers, and fewer requests fit in the engine's cache than without kvstore "
+    "(kvstore_hybrid_manager_off 1; README, Limits)"
+)
 _HASH_WARNING = (
     "kvstore: prefix_caching_hash_algo=%s seeds its hash chain with random bytes per process, "
     "so chunk keys change on every restart and the disk tier cannot serve after one. Fix: set "
@@ -101,6 +108,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         geo = self._geometry
         if not geo.is_hash_stable:
             logger.warning(_HASH_WARNING, geo.hash_algo)
+        if geo.num_local_layers:
+            logger.warning(
+                _HYBRID_WARNING, geo.num_local_layers, len(geo.layer_names), geo.local_window_tokens
+            )
         # A failed load is a cache miss: ask vLLM to recompute instead of failing the request.
         # (The scheduler reads this right after building its connector.)
         self._kv_transfer_config.kv_load_failure_policy = self._config.load_failure_policy  # type: ignore[assignment]

@@ -43,6 +43,10 @@ class EngineGeometry:
     kv_cache_layout: str
     hash_algo: str
     is_hash_stable: bool  # keys reproducible across restarts
+    # Sliding-window / chunked-local layers that vLLM allocates as full attention because its
+    # hybrid KV cache manager is off (see `local_attention`), and their window in tokens.
+    num_local_layers: int = 0
+    local_window_tokens: int = 0
 
     @property
     def num_tokens_per_chunk(self) -> int:
@@ -72,9 +76,13 @@ class EngineGeometry:
     ) -> EngineGeometry:
         groups = kv_cache_config.kv_cache_groups
         if len(groups) != 1:
+            kinds = sorted({type(group.kv_cache_spec).__name__ for group in groups})
             raise ConfigError(
-                f"KVStoreConnector supports models with one KV cache group (full attention); "
-                f"this model has {len(groups)} groups (hybrid/sliding-window models)"
+                f"KVStoreConnector needs one KV cache group; this engine has {len(groups)} "
+                f"({', '.join(kinds)}): vLLM's hybrid KV cache manager is on, which "
+                "KVStoreConnector does not support yet. Leave it to vLLM to turn it off (do not "
+                "pass --no-disable-hybrid-kv-cache-manager); sliding-window models then run with "
+                "full-attention allocation (README, Limits)"
             )
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size != 1:
@@ -107,7 +115,9 @@ class EngineGeometry:
             kv_cache_layout=str(getattr(kv_cache_config, "kv_cache_layout", None) or "default"),
             hash_algo=hash_algo,
             is_hash_stable=_is_hash_stable(hash_algo),
-        )
+            **local_attention(spec, getattr(vllm_config.model_config.hf_text_config,
+                                            "layer_types", None)),
+        )  # fmt: skip
 
     def namespace(self, config: KVStoreConfig) -> NamespaceDescriptor:
         return NamespaceDescriptor(
@@ -131,6 +141,29 @@ class EngineGeometry:
             "layers": list(self.layer_names),
             "layer_block_bytes": list(self.layer_block_bytes),
         }
+
+
+_LOCAL_LAYER_TYPES = frozenset({"sliding_attention", "chunked_attention"})
+
+
+def local_attention(spec: object, layer_types: object = None) -> dict[str, int]:
+    """The sliding-window and chunked-local layers of a single KV cache group: vLLM turned
+    their specs into full attention (its hybrid manager is off) and kept the window on them
+    (`sliding_window` / `attention_chunk_size`). A uniform-type group lists its layers' specs;
+    a merged spec only says that some layer has a window, so the count comes from the model's
+    `layer_types` where its config has them (else: at least 1)."""
+    per_layer = getattr(spec, "kv_cache_specs", None)
+    specs = list(per_layer.values()) if isinstance(per_layer, dict) else [spec]
+    windows = [
+        int(window)
+        for layer_spec in specs
+        if (window := getattr(layer_spec, "sliding_window", None)
+            or getattr(layer_spec, "attention_chunk_size", None))
+    ]  # fmt: skip
+    num_local = len(windows)
+    if windows and isinstance(layer_types, list | tuple):
+        num_local = max(1, sum(kind in _LOCAL_LAYER_TYPES for kind in layer_types))
+    return {"num_local_layers": num_local, "local_window_tokens": max(windows, default=0)}
 
 
 def _chunk_tokens(configured: int | None, engine_block_size: int, hash_block_size: int) -> int:

@@ -222,6 +222,7 @@ class SchedulerRuntime:
     def _start_metrics(self, num_rows: int) -> None:
         config, geo = self.config, self.geometry
         self.metrics.set_key_stability(geo.is_hash_stable)
+        self.metrics.set_hybrid_manager_off(geo.num_local_layers > 0)
         self.metrics.set_config_info(
             {
                 "cpu_bytes": config.cpu_bytes,

@@ -44,23 +44,53 @@ _OUR_LOGGERS = {"kvstore": logging.NOTSET, "tiers": logging.WARNING}
 
 def check_config_being_built(frame: FrameType | None = None) -> None:
     """Validate the extra config of the `KVTransferConfig` that vLLM is resolving (see the
-    module docstring); raises kvstore's ConfigError naming the key."""
+    module docstring), and refuse a model kvstore cannot serve; raises kvstore's ConfigError
+    naming the key or the model."""
     frame = sys._getframe(1) if frame is None else frame
+    transfer: object = None
+    model_config: object = None
     for _ in range(_MAX_FRAMES):
         if frame is None:
-            return
+            break
         candidate = frame.f_locals.get("kv_transfer_config")
-        if _is_kvstore_config(candidate):
-            extra = getattr(candidate, "kv_connector_extra_config", None)
-            try:
-                KVStoreConfig.from_extra_config(extra)
-            except ConfigError as exc:
-                message = str(exc)
-                if "kv_connector_extra_config" not in message:
-                    message = f"kv_connector_extra_config: {message}"
-                raise ExtraConfigError(message) from None
-            return
+        if transfer is None and _is_kvstore_config(candidate):
+            transfer = candidate
+        owner = frame.f_locals.get("self")
+        if model_config is None and type(owner).__name__ == "VllmConfig":
+            model_config = getattr(owner, "model_config", None)
         frame = frame.f_back
+    if transfer is None:
+        return
+    try:
+        KVStoreConfig.from_extra_config(getattr(transfer, "kv_connector_extra_config", None))
+    except ConfigError as exc:
+        message = str(exc)
+        if "kv_connector_extra_config" not in message:
+            message = f"kv_connector_extra_config: {message}"
+        raise ExtraConfigError(message) from None
+    if model_config is not None:
+        _check_model(model_config)
+
+
+def _check_model(model_config: object) -> None:
+    """Models with Mamba / linear-attention state need vLLM's hybrid KV cache manager, which
+    vLLM turns off for a connector without `SupportsHMA` (kvstore's, for now)."""
+    try:
+        kinds = [
+            kind
+            for kind, flag in (("hybrid", "is_hybrid"), ("attention-free", "is_attention_free"))
+            if getattr(model_config, flag, False) is True
+        ]
+    except Exception:  # a model vLLM cannot describe yet: vLLM's own checks speak for it
+        return
+    if kinds:
+        raise ExtraConfigError(
+            f"KVStoreConnector cannot serve {getattr(model_config, 'model', 'this model')}: it "
+            f"is a {kinds[0]} model with Mamba / linear-attention state layers, which need "
+            "vLLM's hybrid KV cache manager, and KVStoreConnector does not support it yet "
+            "(vLLM would turn it off and fail at start). Serve this model without kvstore "
+            "(README, Limits)."
+        )
 
 
 def _is_kvstore_config(candidate: object) -> bool:

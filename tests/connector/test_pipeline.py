@@ -135,5 +135,8 @@ def test_unstable_hash_seed_warns_and_is_exported(
     ):
         registry = scheduler_connector(llm).runtime.registry
         stable = registry.get_sample_value("kvstore_keys_stable")
+        hybrid_off = registry.get_sample_value("kvstore_hybrid_manager_off")
     assert stable == 0
     assert any("PYTHONHASHSEED" in r.getMessage() for r in caplog.records)
+    assert hybrid_off == 0  # full attention only: nothing lost to the hybrid manager being off
+    assert not any("sliding-window" in r.getMessage() for r in caplog.records)

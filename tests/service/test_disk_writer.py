@@ -1,4 +1,4 @@
-"""The disk-writer process: LMDB writes of CPU rows from a child at idle priority.
+"""The disk-writer process: LMDB writes of CPU rows from a child at low priority.
 
 Real LMDB, a real region file and a real child process: what the child commits is what the
 engine's store reads back, byte for byte; failures come back as the store's errors; a child that
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.diskwriter.client import DiskWriterProcess
-from kvstore.diskwriter.priority import IOPRIO_CLASS_IDLE, read_ioprio
+from kvstore.diskwriter.priority import IOPRIO_CLASS_BE, read_ioprio
 from kvstore.keys import BlockKey
 from kvstore.service.disk_io import DiskIO
 from tiers.cpu import CPURegion
@@ -30,7 +30,6 @@ from tiers.lmdb import LMDBStore
 NS = "ns"
 ROW_BYTES = 16384
 NUM_ROWS = 8
-_SCHED_IDLE = 5  # /proc/PID/stat's policy field
 
 
 def key(i: int) -> BlockKey:
@@ -81,16 +80,16 @@ def test_what_the_child_commits_the_engine_reads_back(
     writer.sync()
 
 
-def test_the_child_runs_at_idle_cpu_and_io_priority(writer: DiskWriterProcess) -> None:
+def test_the_child_runs_at_low_cpu_and_io_priority(writer: DiskWriterProcess) -> None:
     pid = writer.pid
     assert pid is not None and pid != os.getpid()
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     nice, policy = int(fields[16]), int(fields[38])  # stat fields 19 and 41
-    assert "sched_idle" in writer.applied_priority and policy == _SCHED_IDLE
-    assert nice == 19
+    assert "nice10" in writer.applied_priority and nice == 10
+    assert policy == os.SCHED_OTHER  # never SCHED_IDLE: it starved behind vLLM's OpenMP team
     if read_ioprio(pid) is not None:
-        assert read_ioprio(pid) == IOPRIO_CLASS_IDLE
-    assert os.sched_getscheduler(0) != _SCHED_IDLE  # the engine's own priority is untouched
+        assert read_ioprio(pid) == (IOPRIO_CLASS_BE, 7)
+    assert os.getpriority(os.PRIO_PROCESS, 0) != 10  # the engine's own priority is untouched
 
 
 def test_a_full_store_and_a_bad_namespace_come_back_as_the_stores_errors(
