@@ -51,7 +51,7 @@ def _answer(store: LMDBStore, rows: RegionView, request: Sequence[Any]) -> list[
     if op == "touch":
         store.touch_many(request[1], [bytes(key) for key in request[2]], now_s=request[3])
         return ["ok", None]
-    if op == "sync":
+    if op in ("sync", "close"):
         store.sync()
         return ["ok", None]
     raise ValueError(f"unknown disk-writer request {op!r}")
@@ -76,6 +76,8 @@ def serve(conn: Connection, store: LMDBStore, rows: RegionView) -> None:
         try:
             conn.send_bytes(protocol.encode(answer))
         except OSError:
+            return
+        if request[0] == "close":
             return
 
 

@@ -9,6 +9,7 @@ every call fails with `StoreIOError`, so writes are failed and counted, never lo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -196,7 +197,12 @@ class DiskWriterProcess:
 
 
 def _stop(child: _Child) -> int | None:
-    """Close the child's input and wait for it (kill after 10 s); its exit code."""
+    """Ask the child to sync and exit, close its input and wait for it (kill after 10 s); its
+    exit code."""
+    with contextlib.suppress(OSError, EOFError):
+        child.conn.send_bytes(protocol.encode(["close"]))
+        if child.conn.poll(_STOP_TIMEOUT_S):
+            child.conn.recv_bytes()
     child.conn.close()
     try:
         return child.process.wait(_STOP_TIMEOUT_S)

@@ -7,6 +7,8 @@ Setup (engine -> child, once): `Setup`. Answer: `["ready", pid, [applied priorit
 - `["delete", namespace, [key, ...]]` -> `["ok", number deleted]`
 - `["touch", namespace, [key, ...], now_s]` -> `["ok", None]`
 - `["sync"]` -> `["ok", None]`
+- `["close"]` -> `["ok", None]` once synced; the child then closes the store and exits (end of
+  input does the same: a process forked from the engine may hold the engine's end open)
 
 A failure answers `["full", message, requested_bytes, free_bytes]` (`StoreFullError`),
 `["io", message]` (any other `TierError` or `OSError`: the disk failed) or `["bug", message]`
