@@ -51,11 +51,17 @@ _BLOCK_TOKENS = 32  # bench_engine's block size, kvstore's chunk
 
 
 def _written(engine: BenchEngine) -> tuple[float, float]:
-    """(chunks stored on disk, write-throughs dropped) so far."""
+    """(chunks written to disk, write-throughs dropped) so far.
+
+    Written chunks are counted from the bytes the writer committed, which its I/O thread
+    reports as each write completes; `kvstore_stored_chunks_total{tier="disk"}` counts them
+    when the scheduler half takes the completion, at the engine's next step, which an idle
+    engine never takes."""
     if engine.metrics_url is None:
         return 0.0, 0.0
     samples = engine.metrics()
-    stored = samples.get(("kvstore_stored_chunks_total", (("tier", "disk"),)), 0.0)
+    written = samples.get(("kvstore_transfer_bytes_total", (("direction", "cpu_to_disk"),)), 0.0)
+    stored = written / (_BLOCK_TOKENS * BENCH_SPEC.kv_bytes_per_token)
     dropped = sum(
         value
         for (name, labels), value in samples.items()
