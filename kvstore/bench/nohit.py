@@ -197,7 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvstore-nohit-") as tmp:
         workdir = Path(tmp)
         model = build_tiny_llama(workdir / "model", BENCH_SPEC)
-        results = {layout: measure(args, model, workdir, layout) for layout in args.layouts}
+        results: dict[str, dict[tuple[str, str], Cell]] = {}
+        for layout in args.layouts:
+            results[layout] = measure(args, model, workdir, layout)
+            if len(args.layouts) > 1:  # a long run shows each layout as it finishes
+                print(report(args, {layout: results[layout]}) + "\n", flush=True)
     print(report(args, results))
     if args.json is not None:
         data = {f"{layout}/{b}/{v}": c.values for layout, cells in results.items()
