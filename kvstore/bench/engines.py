@@ -1,14 +1,17 @@
-"""Engines for the connector benchmark: real vLLM CPU engines in their own processes.
+"""Engines for the benchmarks: real vLLM CPU engines, each measured alone.
 
-Each `BenchEngine` is a `vllm.LLM` in vLLM's default multiprocessing mode (its EngineCore, and
-with it kvstore's scheduler and worker halves, runs in a child process), so two engines, one
-with kvstore and one without, stay up side by side and the benchmark can interleave their
-measurements. What kvstore did is read from its metrics endpoint, as an operator would.
+A `BenchEngine` is a `vllm.LLM` in vLLM's default multiprocessing mode (its EngineCore, and with
+it kvstore's scheduler and worker halves, runs in a child process), or in the in-process layout
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`) hosted in a process of its own (`kvstore.bench.hosted`), so
+that two engines, one with kvstore and one without, stay up side by side and the benchmark can
+interleave their measurements. What kvstore did is read from its metrics endpoint, as an
+operator would.
 
-The engine "without kvstore" runs `NullConnector` (a KV connector that moves nothing), not no
-connector at all: vLLM's CPU platform gives an engine with any KV connector a different core
-layout (on 2 cores, an OpenMP team on both instead of one core; see
-`kvstore/vllm/null_connector.py`), which alone halves a prefill's time there.
+The engine "without kvstore" has no KV connector, or `NullConnector` (a connector that moves
+nothing). vLLM's CPU platform gives an engine with any KV connector a different core layout (on
+2 cores, an OpenMP team on both instead of one core; see `kvstore/vllm/null_connector.py`), which
+alone halves a prefill's time there: the benchmarks set `VLLM_CPU_NUM_OF_RESERVED_CPU` for every
+engine, so all get the same layout, and say so in their reports.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -62,28 +65,55 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class Generator(Protocol):
+    """What a benchmark does with an engine: an engine here (`LocalLLM`) or in a host process
+    of its own (`kvstore.bench.hosted.HostedLLM`)."""
+
+    def generate_s(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> float: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+
 @dataclass
-class BenchEngine:
-    """A running engine; `metrics_url` is set when kvstore is on."""
+class LocalLLM:
+    """A `vllm.LLM` of this process."""
 
     llm: Any
-    metrics_url: str | None = None
 
-    def ttft_s(self, prompt: Sequence[int]) -> float:
-        """Seconds until the first generated token of `prompt` (a one-token generate)."""
-        time.sleep(SETTLE_S)
-        start = time.perf_counter()
-        generate_greedy(self.llm, [prompt], max_tokens=1)
-        return time.perf_counter() - start
-
-    def batch_s(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> float:
-        time.sleep(SETTLE_S)
+    def generate_s(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> float:
         start = time.perf_counter()
         generate_greedy(self.llm, prompts, max_tokens=max_tokens)
         return time.perf_counter() - start
 
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.llm.reset_prefix_cache())
+
+
+@dataclass
+class BenchEngine:
+    """A running engine; `metrics_url` is set when kvstore is on."""
+
+    runner: Generator
+    metrics_url: str | None = None
+
+    @property
+    def llm(self) -> Any:
+        """The `vllm.LLM`, for an engine of this process."""
+        if not isinstance(self.runner, LocalLLM):
+            raise RuntimeError("this engine runs in a host process")
+        return self.runner.llm
+
+    def ttft_s(self, prompt: Sequence[int]) -> float:
+        """Seconds until the first generated token of `prompt` (a one-token generate)."""
+        time.sleep(SETTLE_S)
+        return self.runner.generate_s([prompt], 1)
+
+    def batch_s(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> float:
+        time.sleep(SETTLE_S)
+        return self.runner.generate_s(prompts, max_tokens)
+
     def reset_prefix_cache(self) -> None:
-        if not self.llm.reset_prefix_cache():
+        if not self.runner.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache (requests in flight?)")
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -154,12 +184,26 @@ def bench_engine(
     kvstore: Mapping[str, Any] | None = None,
     multiprocess: bool = True,
     has_connector: bool = True,
+    hosted: bool = False,
 ) -> Iterator[BenchEngine]:
     """An engine for prompts of up to `num_tokens` whose own KV cache holds `kv_cache_tokens`
     (two such prompts by default); kvstore on when `kvstore` (its `kv_connector_extra_config`)
     is given, else `NullConnector`, or no connector at all when not `has_connector`.
     `multiprocess`: vLLM's default layout (the engine core in a child process), else the
-    engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
+    engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), or with `hosted` in a process
+    of its own in that layout (`kvstore.bench.hosted`: one engine per process, measured alone)."""
+    if hosted:
+        from kvstore.bench.hosted import HostedLLM
+
+        spec = {"model": str(model), "num_tokens": num_tokens, "kv_cache_tokens": kv_cache_tokens,
+                "kvstore": dict(kvstore) if kvstore is not None else None,
+                "has_connector": has_connector}  # fmt: skip
+        host = HostedLLM(spec)
+        try:
+            yield BenchEngine(host, host.metrics_url)
+        finally:
+            host.close()
+        return
     kv_bytes = (kv_cache_tokens or 2 * num_tokens) * BENCH_SPEC.kv_bytes_per_token
     metrics_url = None
     transfer: dict[str, Any] | None = null_transfer_config() if has_connector else None
@@ -176,4 +220,4 @@ def bench_engine(
         dtype=BENCH_SPEC.dtype,
         multiprocess=multiprocess,
     ) as llm:
-        yield BenchEngine(llm, metrics_url)
+        yield BenchEngine(LocalLLM(llm), metrics_url)
