@@ -1,6 +1,7 @@
 """The remote tier against its baselines, in one run.
 
     kvstore bench remote [--url redis://127.0.0.1:6379/0] [--tokens 2048] [--repeats 5]
+                         [--layout multiproc|inproc] [--reserved-cpus 1]
 
 1. Reads: `RemoteChunks.load_into` (pipelined per node, header and xxh64 verified, copied into
    row buffers) vs raw redis-py GETs of the same values, one after another, from Python.
@@ -17,6 +18,9 @@
    only what beats recomputing; its time to first token is compared with recompute.
 
 Without `--url` a throwaway `redis-server` (Debian's package) is started on a free port.
+Engines run in vLLM's default multiprocess layout, or in-process (`--layout inproc`: each in a
+host process of its own, `kvstore.bench.hosted`); all get the same core reservation
+(`VLLM_CPU_NUM_OF_RESERVED_CPU`, `--reserved-cpus`), and the baseline has no connector.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -120,8 +125,9 @@ class _Link:
 
 
 def _ttft(
-    model: Path, url: str, num_tokens: int, repeats: int, workdir: Path, slow: _Link
-) -> tuple[dict[str, list[float]], dict[str, float]]:
+    model: Path, url: str, num_tokens: int, repeats: int, workdir: Path, slow: _Link,
+    hosted: bool,
+) -> tuple[dict[str, list[float]], dict[str, float]]:  # fmt: skip
     prompt_bytes = num_tokens * BENCH_SPEC.kv_bytes_per_token
     chunks = (num_tokens - 1) // _BLOCK_TOKENS
     cpu_bytes = 2 * prompt_bytes + (8 << 20)
@@ -134,9 +140,9 @@ def _ttft(
     times: dict[str, list[float]] = {"recompute": [], "engine_cache": [], "kvstore_remote": []}
     prompts = [synthetic_prompt(500 + r, num_tokens) for r in range(repeats)]
     with (
-        bench_engine(model, num_tokens) as off,
-        bench_engine(model, num_tokens, kvstore=writer) as a,
-        bench_engine(model, num_tokens, kvstore=reader) as b,
+        bench_engine(model, num_tokens, has_connector=False, hosted=hosted) as off,
+        bench_engine(model, num_tokens, kvstore=writer, hosted=hosted) as a,
+        bench_engine(model, num_tokens, kvstore=reader, hosted=hosted) as b,
     ):
         for engine, seed in ((off, 1), (a, 2), (b, 3)):
             engine.ttft_s(synthetic_prompt(seed, num_tokens))  # one-off costs of a new engine
@@ -155,7 +161,7 @@ def _ttft(
         SlowLink(url.split("//")[1].split("/", maxsplit=1)[0], latency_s=slow.latency_s,
                  bytes_per_s=slow.bytes_per_s) as link,
         bench_engine(model, num_tokens, kvstore={"cpu_bytes": cpu_bytes, "remote_url": link.url,
-                     "remote_write": False, "remote_timeout_ms": 60_000}) as c,
+                     "remote_write": False, "remote_timeout_ms": 60_000}, hosted=hosted) as c,
     ):  # fmt: skip
         for k in range(4):  # prompts of its own: C measures its prefill and the link's latency
             c.ttft_s(synthetic_prompt(700 + k, num_tokens))
@@ -216,7 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=4.0,
         help="the distant Redis's bandwidth, MB/s each way (default 4)",
     )
+    parser.add_argument("--layout", choices=["multiproc", "inproc"], default="multiproc")
+    parser.add_argument("--reserved-cpus", type=int, default=1,
+                        help="VLLM_CPU_NUM_OF_RESERVED_CPU of every engine")  # fmt: skip
     args = parser.parse_args(argv)
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.reserved_cpus)
     value_bytes = _BLOCK_TOKENS * BENCH_SPEC.kv_bytes_per_token
     num_values = (args.tokens - 1) // _BLOCK_TOKENS
     with _redis(args.url) as url:
@@ -231,9 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="kvstore-bench-") as tmp:
             model = build_tiny_llama(Path(tmp) / "model", BENCH_SPEC)
             slow = _Link(args.slow_latency_ms / 1e3, args.slow_mbps * 1e6)
-            times, decisions = _ttft(model, url, args.tokens, args.repeats, Path(tmp), slow)
+            times, decisions = _ttft(model, url, args.tokens, args.repeats, Path(tmp), slow,
+                                     hosted=args.layout == "inproc")  # fmt: skip
     base = statistics.median(times["recompute"])
-    print(f"\nprompt {args.tokens} tokens, {args.repeats} interleaved repeats")
+    print(f"\nprompt {args.tokens} tokens, {args.repeats} interleaved repeats, {args.layout} "
+          f"layout, {os.cpu_count()} cores, VLLM_CPU_NUM_OF_RESERVED_CPU={args.reserved_cpus} "
+          "for every engine")  # fmt: skip
     print("| path | TTFT median s | min-max s | vs recompute |\n|---|--:|--:|--:|")
     for name, values in times.items():
         print(_median_row(name, values, base))
