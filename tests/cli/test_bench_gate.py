@@ -1,0 +1,39 @@
+"""`kvstore bench connector --check`: the CI gate's verdicts on measured times."""
+
+from __future__ import annotations
+
+from kvstore.bench.connector import SizeResult, gate, nohit_ratio
+
+HITS = {"recompute": [1.0, 1.1, 0.9], "engine_cache": [0.05] * 3, "kvstore_cpu": [0.06] * 3}
+
+
+def _size(prefill_on: list[float], decode_on: list[float]) -> SizeResult:
+    size = SizeResult(2048, "multiproc", dict(HITS))
+    size.nohit = {
+        "prefill": {"off": [0.4, 0.8, 0.4], "on": prefill_on},
+        "decode": {"off": [1.5, 1.5, 2.6], "on": decode_on},
+    }
+    return size
+
+
+def test_ratios_pair_each_repeat_so_a_slow_moment_of_the_machine_does_not_count() -> None:
+    # the second repeat ran while the machine was slow, for both engines alike
+    assert nohit_ratio({"off": [0.4, 0.8, 0.4], "on": [0.4, 0.8, 0.4]}) == 1.0
+    # kvstore's second batch alone met a slow moment: unpaired medians would say 0.5x
+    assert nohit_ratio({"off": [0.4, 0.4, 0.8], "on": [0.4, 0.8, 0.8]}) == 1.0
+
+
+def test_the_gate_passes_an_engine_as_fast_without_kvstore_and_fails_a_slower_one() -> None:
+    ok, message = gate(_size([0.41, 0.82, 0.4], [1.5, 1.6, 2.5]))
+    assert ok, message
+    ok, message = gate(_size([0.6, 1.2, 0.6], [2.2, 2.3, 3.9]))  # the issue's 0.64x
+    assert not ok
+    assert "no-hit throughput with kvstore 0.6" in message and "FAILED" in message
+
+
+def test_the_gate_fails_a_slow_cpu_hit_even_when_throughput_is_kept() -> None:
+    size = _size([0.4, 0.8, 0.4], [1.5, 1.5, 2.6])
+    size.times["kvstore_cpu"] = [0.6] * 3
+    ok, message = gate(size)
+    assert not ok
+    assert "faster than recompute (gate >= 2.0x): FAILED" in message
