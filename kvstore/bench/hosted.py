@@ -20,12 +20,13 @@ with `{`.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from kvstore.bench.child import JsonLineChild
 
 __all__ = ["HostedLLM", "main"]
 
@@ -34,44 +35,22 @@ class HostedLLM:
     """The benchmark's side of a host process: what `BenchEngine` needs of an engine."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        argv = [sys.executable, "-m", __name__, json.dumps(spec)]
-        self._process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.metrics_url: str | None = self._answer()["metrics_url"]
+        self._child = JsonLineChild([sys.executable, "-m", __name__, json.dumps(spec)])
+        self.metrics_url: str | None = self._child.answer()["metrics_url"]
 
-    def _answer(self) -> dict[str, Any]:
-        stdout: IO[str] | None = self._process.stdout
-        assert stdout is not None
-        for line in stdout:
-            if line.startswith("{"):
-                answer = dict(json.loads(line))
-                if "error" in answer:
-                    raise RuntimeError(f"hosted engine: {answer['error']}")
-                return answer
-        raise RuntimeError(f"hosted engine exited with {self._process.wait()}")
-
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self._process.stdin is not None
-        self._process.stdin.write(json.dumps(request) + "\n")
-        self._process.stdin.flush()
-        return self._answer()
+    @property
+    def pid(self) -> int:
+        return self._child.process.pid
 
     def generate_s(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> float:
         request = {"op": "generate", "prompts": [list(p) for p in prompts]}
-        return float(self._ask(request | {"max_tokens": max_tokens})["seconds"])
+        return float(self._child.ask(request | {"max_tokens": max_tokens})["seconds"])
 
     def reset_prefix_cache(self) -> bool:
-        return bool(self._ask({"op": "reset_prefix_cache"})["ok"])
+        return bool(self._child.ask({"op": "reset_prefix_cache"})["ok"])
 
     def close(self) -> None:
-        if self._process.stdin is not None:
-            self._process.stdin.close()
-        try:
-            self._process.wait(120)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        self._child.close()
 
 
 def _reset_prefix_cache(llm: Any, timeout_s: float = 10.0) -> bool:

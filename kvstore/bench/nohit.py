@@ -27,14 +27,14 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from kvstore.bench.child import JsonLineChild
 from kvstore.bench.engines import BENCH_SPEC
 from kvstore.bench.nohit_engine import VARIANTS
 from kvstore.tiny_model import build_tiny_llama
@@ -59,36 +59,11 @@ class Cell:
         return statistics.median(self.values[name])
 
 
-class EngineProcess:
+class EngineProcess(JsonLineChild):
     """A `nohit_engine` process and its pipes."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-        )
-
-    def answer(self) -> dict[str, Any]:
-        stdout: IO[str] | None = self.process.stdout
-        assert stdout is not None
-        for line in stdout:  # vLLM logs on stdout too: answers are the JSON lines
-            if line.startswith("{"):
-                return dict(json.loads(line))
-        raise RuntimeError(f"benchmark engine exited with {self.process.wait()}")
-
     def run(self, seeds: list[int], max_tokens: int) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"seeds": seeds, "max_tokens": max_tokens}) + "\n")
-        self.process.stdin.flush()
-        return self.answer()
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        return self.ask({"seeds": seeds, "max_tokens": max_tokens})
 
 
 def _start(

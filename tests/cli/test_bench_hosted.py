@@ -26,7 +26,7 @@ def test_a_hosted_engine_runs_in_process_and_serves_a_cpu_hit(tiny_model_dir: Pa
         e.reset_prefix_cache()
         with e.expect_hits("cpu", (TOKENS - 1) // 32 * 32, is_sole_tier=True):
             e.ttft_s(prompt)
-        host = psutil.Process(e.runner._process.pid)  # type: ignore[attr-defined]
+        host = psutil.Process(e.runner.pid)  # type: ignore[attr-defined]
         commands = [" ".join(child.cmdline()) for child in host.children(recursive=True)]
         assert not any("EngineCore" in command for command in commands), commands
         with pytest.raises(RuntimeError, match="host process"):
