@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from kvstore.bench.connector import SizeResult, gate, nohit_ratio
+import pytest
+
+from kvstore.bench.connector import SizeResult, gate, main, nohit_ratio
 
 HITS = {"recompute": [1.0, 1.1, 0.9], "engine_cache": [0.05] * 3, "kvstore_cpu": [0.06] * 3}
 
@@ -37,3 +39,12 @@ def test_the_gate_fails_a_slow_cpu_hit_even_when_throughput_is_kept() -> None:
     ok, message = gate(size)
     assert not ok
     assert "faster than recompute (gate >= 2.0x): FAILED" in message
+
+
+def test_prompts_too_short_for_the_no_hit_batches_are_refused_before_any_engine_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--tokens", "256"])
+    assert exited.value.code == 2
+    assert "need requests of 576 tokens" in capsys.readouterr().err
