@@ -318,8 +318,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reserved-cpus", type=int, default=1,
                         help="VLLM_CPU_NUM_OF_RESERVED_CPU of both engines")  # fmt: skip
     args = parser.parse_args(argv)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.reserved_cpus)
     layouts = ["multiproc"] if args.check else args.layouts
     tokens = [2048] if args.check else args.tokens
     nohit = None if args.no_throughput and not args.check else NohitBatches()
@@ -327,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"the no-hit batches run on the first size's engines and need requests of "
                      f"{nohit.tokens + nohit.decode_tokens} tokens: list a size at least that "
                      "large first in --tokens, or pass --no-throughput")  # fmt: skip
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # for the engines this run starts
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.reserved_cpus)
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-") as tmp:
         workdir = Path(tmp)
         model = build_tiny_llama(workdir / "model", BENCH_SPEC)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvstore.bench.connector import SizeResult, gate, main, nohit_ratio
@@ -42,9 +44,15 @@ def test_the_gate_fails_a_slow_cpu_hit_even_when_throughput_is_kept() -> None:
 
 
 def test_prompts_too_short_for_the_no_hit_batches_are_refused_before_any_engine_starts(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name in ("VLLM_LOGGING_LEVEL", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test, whatever main did
     with pytest.raises(SystemExit) as exited:
         main(["--tokens", "256"])
     assert exited.value.code == 2
     assert "need requests of 576 tokens" in capsys.readouterr().err
+    # refused before it set up engines: this process's environment is as it was (a leaked
+    # VLLM_LOGGING_LEVEL=WARNING once hid kvstore's start-up line from a later engine test)
+    assert "VLLM_LOGGING_LEVEL" not in os.environ
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
