@@ -76,7 +76,7 @@ SINK_NAMES: tuple[str, ...] = ("zmq", "jsonl")
 DROP_REASONS: tuple[str, ...] = ("queue_full", "closed", "deadline", "tier_down")
 """Why work or events were dropped: the queue was full, it was closed, or close timed out."""
 AUDIT_RESULTS: tuple[str, ...] = ("verified", "mismatched", "unknown")  # kvstore.transfer.audit
-LOAD_DECISIONS: tuple[str, ...] = ("load", "recompute")  # kvstore.pipeline.load_cost
+LOAD_DECISIONS: tuple[str, ...] = ("load", "recompute", "gave_up")  # kvstore.pipeline.load_cost
 LOAD_DECISION_TIERS: tuple[Tier, ...] = (Tier.DISK, Tier.REMOTE)  # the tiers `load_policy` judges
 
 DURATION_BUCKETS_S: tuple[float, ...] = (

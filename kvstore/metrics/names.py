@@ -93,7 +93,7 @@ CHECKSUM_FAILURES = "kvstore_checksum_failures_total"  # {tier}
 IO_ERRORS = "kvstore_io_errors_total"  # {op}
 LOAD_FAILED_CHUNKS = "kvstore_load_failed_chunks_total"
 LOAD_AUDIT_CHUNKS = "kvstore_load_audit_chunks_total"  # {result}: verified, mismatched, unknown
-LOAD_DECISIONS = "kvstore_load_decisions_total"  # {tier, decision}: load, recompute
+LOAD_DECISIONS = "kvstore_load_decisions_total"  # {tier, decision}: load, recompute, gave_up
 
 # Identity.
 KEYS_STABLE = "kvstore_keys_stable"

@@ -170,7 +170,8 @@ class KVStoreMetrics:
             self._load_audit.labels(result)
         self._load_decisions = Counter(
             names.LOAD_DECISIONS,
-            "Hits on disk or in Redis loaded, or recomputed as faster (load_policy: cost).",
+            "Hits on disk or in Redis loaded, recomputed as faster, or given up after waiting "
+            "past the load's budget (load_policy: cost).",
             ["tier", "decision"],
             registry=r,
         )

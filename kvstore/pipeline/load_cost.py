@@ -18,6 +18,12 @@ Until both sides are measured, or when a tier's figures are older than `stale_s`
 recovers; a tier never loaded from because it was slow is re-measured this way), loads go ahead:
 the load itself is the measurement. Remote writes keep the remote tier's figures fresh while
 loads from it are declined.
+
+A load the requester waits on has a budget (`wait_budget_s`): twice its expected time, within
+[`EXPLORE_FRACTION`, `margin`] x the recompute; an unmeasured link gets the lower end. Past it
+the requester stops waiting and recomputes (counted as `gave_up`) while the transfer goes on in
+the background, as a measurement and into the CPU tier. So a link that is slower than it looks,
+or not measured yet, costs a request at most that fraction of its recompute, not the transfer.
 """
 
 from __future__ import annotations
@@ -36,16 +42,22 @@ __all__ = ["LoadCostModel"]
 
 _WINDOW = 9  # recent samples kept per figure
 _MIN_SAMPLES = 3
+_MIN_TRANSFER_SAMPLES = 1  # one transfer of a few chunks already says what the link does
+
+EXPLORE_FRACTION = 0.05
+"""The least a requester may wait on a load, as a fraction of recomputing its tokens: all it
+waits when the link's speed is not known (a request then costs at most ~1.05x its recompute)."""
 
 
 class _Recent:
     """The median of the most recent samples, and when the last came: robust to the odd
     outlier (the first step after start compiles, a GC pause, a connection being opened)."""
 
-    __slots__ = ("_samples", "updated_s")
+    __slots__ = ("_min_samples", "_samples", "updated_s")
 
-    def __init__(self) -> None:
+    def __init__(self, min_samples: int = _MIN_SAMPLES) -> None:
         self._samples: deque[float] = deque(maxlen=_WINDOW)
+        self._min_samples = min_samples
         self.updated_s = -math.inf
 
     @property
@@ -61,7 +73,7 @@ class _Recent:
         self.updated_s = now_s
 
     def known(self, now_s: float, stale_s: float) -> bool:
-        return len(self._samples) >= _MIN_SAMPLES and now_s - self.updated_s <= stale_s
+        return len(self._samples) >= self._min_samples and now_s - self.updated_s <= stale_s
 
 
 @dataclass(slots=True)
@@ -94,7 +106,10 @@ class LoadCostModel:
         self.on_decision = on_decision
         self._clock = clock
         self._s_per_token = _Recent()
-        self._links = {tier: _Link(_Recent(), _Recent()) for tier in (Tier.DISK, Tier.REMOTE)}
+        self._links = {
+            tier: _Link(_Recent(), _Recent(_MIN_TRANSFER_SAMPLES))
+            for tier in (Tier.DISK, Tier.REMOTE)
+        }
 
     # -- what it measures ---------------------------------------------------------------------
 
@@ -157,6 +172,24 @@ class LoadCostModel:
             return None
         return round_trips * latency.value
 
+    def wait_budget_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
+        """How long a requester may wait for a load of `num_chunks` chunks from `tier` before
+        it recomputes instead (None: no limit, the recompute is not measured): twice the
+        expected load, at least `EXPLORE_FRACTION` and at most `margin` x the recompute; the
+        least when the link is not measured."""
+        recompute = self.recompute_s(num_chunks)
+        if recompute is None:
+            return None
+        least = EXPLORE_FRACTION * recompute
+        expected = self.load_s(tier, num_chunks, round_trips=round_trips)
+        if expected is None:
+            return least
+        return min(max(2 * expected, least), max(self.margin * recompute, least))
+
+    def now(self) -> float:
+        """The model's clock (monotonic seconds)."""
+        return self._clock()
+
     def pays(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
         """`decide`, counted."""
         decision = self.decide(tier, num_chunks, round_trips=round_trips)
@@ -165,5 +198,12 @@ class LoadCostModel:
 
     def record(self, tier: Tier, *, is_load: bool) -> None:
         """Count a decision (`kvstore_load_decisions_total`)."""
+        self._count(tier, LOAD_DECISIONS[0] if is_load else LOAD_DECISIONS[1])
+
+    def record_gave_up(self, tier: Tier) -> None:
+        """Count a load the requester stopped waiting for (past `wait_budget_s`)."""
+        self._count(tier, LOAD_DECISIONS[2])
+
+    def _count(self, tier: Tier, decision: str) -> None:
         if self.on_decision is not None:
-            self.on_decision(tier, LOAD_DECISIONS[0] if is_load else LOAD_DECISIONS[1])
+            self.on_decision(tier, decision)

@@ -5,7 +5,10 @@ one batched probe (one round trip per node, within `remote_timeout_ms`); the ans
 meanwhile. Found chunks get CPU rows (reserved like a store, the requester's local prefix
 protected) and are fetched into them; once verified they are ready in CPU, held for the
 requester, and written through to the local disk like any stored chunk. A dead remote answers
-"nothing found" within the budget, so a request never waits on it longer than that.
+"nothing found" within the budget, so a request never waits on it longer than that. With
+`load_policy: cost` a requester also stops waiting once its probe and fetch run past the load
+cost model's budget (`LoadCostModel.wait_budget_s`: a small fraction of the recompute when the
+link is not measured yet): it recomputes, and the fetch lands in CPU in the background.
 
 Chunks the engine stores are written to Redis from their pinned CPU rows (batched, bounded,
 droppable); each that lands is reported stored in the remote tier, and Redis's own removals
@@ -62,10 +65,13 @@ class RemoteLookup:
     fetching: set[BlockKey] = field(default_factory=set)
     held: set[BlockKey] = field(default_factory=set)
     fetched: set[BlockKey] = field(default_factory=set)
+    deadline_s: float | None = None  # when the requester stops waiting (cost model's clock)
+    has_given_up: bool = False  # waited past the deadline: no more remote for this requester
 
     @property
     def is_pending(self) -> bool:
-        return self.is_probing or bool(self.fetching)
+        """The requester waits on a probe or a fetch."""
+        return not self.has_given_up and (self.is_probing or bool(self.fetching))
 
 
 class RemoteSteps:
@@ -92,14 +98,17 @@ class RemoteSteps:
         """Try to serve `keys[num_local:]` from the remote tier; True = pending (ask again).
         `keys[:num_local]` are ready in CPU."""
         state = self._lookups.setdefault(owner, RemoteLookup())
+        if state.has_given_up:
+            return False
         if state.is_pending:
-            return True
+            return not self._give_up_if_late(state)
         rest = [key for key in keys[num_local:] if key not in state.fetched]
         if not rest:
             return False
         if rest[0] not in state.found:
             if not self._may_pay(len(rest)):
                 return False  # even if Redis held all of it, recomputing is faster
+            self._start_clock(state, len(rest), round_trips=2)
             state.is_probing = True
             self._io.submit_probe(rest, owner)
             return True
@@ -108,7 +117,26 @@ class RemoteSteps:
             return False
         if self._cost is not None and not self._cost.pays(Tier.REMOTE, num_found):
             return False
+        self._start_clock(state, num_found, round_trips=1)
         return self._fetch(owner, state, keys[:num_local], rest[:num_found])
+
+    def _start_clock(self, state: RemoteLookup, num_chunks: int, *, round_trips: int) -> None:
+        """The requester's deadline, from its first remote request on (probe and fetch)."""
+        if self._cost is None or state.deadline_s is not None:
+            return
+        budget_s = self._cost.wait_budget_s(Tier.REMOTE, num_chunks, round_trips=round_trips)
+        if budget_s is not None:
+            state.deadline_s = self._cost.now() + budget_s
+
+    def _give_up_if_late(self, state: RemoteLookup) -> bool:
+        """Past its deadline, the requester recomputes; what is in flight lands in CPU for
+        whoever asks next (and is the link's measurement)."""
+        if self._cost is None or state.deadline_s is None or self._cost.now() < state.deadline_s:
+            return False
+        state.has_given_up = True
+        self._cost.record_gave_up(Tier.REMOTE)
+        logger.debug("kvstore: a remote load ran past its budget; recomputed instead")
+        return True
 
     def _may_pay(self, num_chunks: int) -> bool:
         """Before a probe: whether a probe and a fetch of all `num_chunks` could pay (a slow or
@@ -173,14 +201,15 @@ class RemoteSteps:
         if state is None:
             return
         state.fetching.difference_update(done.ok + done.failed)
-        held = self._index.hold(done.ok)
-        state.held.update(held)
-        state.fetched.update(held)
         for key in done.failed:
             state.found[key] = False
         if done.failed:
             logger.info("kvstore: %d remote chunk(s) could not be fetched; recomputed",
                         len(done.failed))  # fmt: skip
+        if not state.has_given_up:  # else the requester recomputes: nothing to hold for it
+            held = self._index.hold(done.ok)
+            state.held.update(held)
+            state.fetched.update(held)
 
     def finish_write(self, done: RemoteWriteDone) -> None:
         keys = [key for key in done.ok + done.failed if key in self._writing]

@@ -130,12 +130,14 @@ def test_a_slow_disk_is_decided_against_and_a_fast_one_is_loaded(
             first.extend(ask(prompt))
         for prompt in warmup(5)[:3]:  # disk hits: the engine measures the disk's reads
             ask(prompt)
+        recompute_labels = {"tier": "disk", "decision": "recompute"}
         before = registry.get_sample_value(names.HIT_TOKENS, {"tier": "disk"}) or 0.0
+        recomputed_before = registry.get_sample_value(names.LOAD_DECISIONS, recompute_labels)
         for prompt in DISK_PROMPTS[:3]:
             again.extend(ask(prompt))
         hits = (registry.get_sample_value(names.HIT_TOKENS, {"tier": "disk"}) or 0.0) - before
-        recomputed = registry.get_sample_value(
-            names.LOAD_DECISIONS, {"tier": "disk", "decision": "recompute"}
+        recomputed = (registry.get_sample_value(names.LOAD_DECISIONS, recompute_labels) or 0.0) - (
+            recomputed_before or 0.0
         )
     if is_slow:
         assert hits == 0 and recomputed == 3

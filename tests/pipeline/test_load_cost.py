@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.keys import Tier
-from kvstore.pipeline.load_cost import LoadCostModel
+from kvstore.keys import BlockKey, Tier
+from kvstore.pipeline.load_cost import EXPLORE_FRACTION, LoadCostModel
 from kvstore.service.inline_remote import SharedRemote
 
 from .test_pipeline_ops import CHUNK_BYTES, TOKENS, evict_from_cpu, ks, make_rig
@@ -166,3 +166,59 @@ def test_round_trips_alone_can_rule_a_link_out_before_its_bytes_are_measured() -
     assert not cost.pays(Tier.REMOTE, 4, round_trips=2)
     assert cost.latency_floor_s(Tier.DISK, 1) is None and cost.pays(Tier.DISK, 4)
     assert decisions == [(Tier.REMOTE, "recompute"), (Tier.DISK, "load")]
+
+
+def test_a_wait_is_budgeted_from_the_expected_load_within_the_recompute() -> None:
+    cost, _ = model()
+    assert cost.wait_budget_s(Tier.REMOTE, 4) is None  # nothing measured: no limit
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    recompute = 4 * TOKENS * 0.001
+    # the link not measured: the least, a small fraction of the recompute
+    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(EXPLORE_FRACTION * recompute)
+    teach(cost, s_per_token=0.001, remote_latency_s=0.001, remote_s_per_chunk=0.002)
+    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(2 * (0.001 + 4 * 0.002))
+    teach(cost, s_per_token=0.001, remote_latency_s=0.0, remote_s_per_chunk=TOKENS * 0.001)
+    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(cost.margin * recompute)
+
+
+def _stored_remotely(keys: list[BlockKey]) -> SharedRemote:
+    shared = SharedRemote(16)
+    writer = make_engine(shared)
+    writer.store_chunks(keys)
+    writer.settle()
+    return shared
+
+
+def test_an_unmeasured_link_costs_a_request_only_a_fraction_of_its_recompute() -> None:
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
+    for _ in range(3):  # the engine's prefill is measured; the link is not
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+    clock.now += 0.5 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # within budget
+    clock.now += EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
+    answer = reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4))
+    assert not answer.is_pending and answer.tiers == ()  # recomputed
+    assert decisions == [(Tier.REMOTE, "gave_up")]
+    reader.settle()  # the probe answers late: nothing more is asked for this request
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()
+    assert reader.service.num_pending == 0
+
+
+def test_a_fetch_past_its_budget_is_recomputed_and_lands_in_cpu_for_the_next() -> None:
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
+    teach(cost, s_per_token=0.001, remote_latency_s=0.001, remote_s_per_chunk=0.001)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+    assert reader.service.run_pending()
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # fetching
+    clock.now += 1.0  # the link slowed down: far past twice the expected 5 ms
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()
+    assert decisions == [(Tier.REMOTE, "load"), (Tier.REMOTE, "gave_up")]
+    reader.settle()
+    assert reader.index.stats().num_holds == 0  # nothing held for a request that recomputes
+    assert reader.lookup("r2", ks(1, 2, 3, 4)) == (Tier.CPU,) * 3
