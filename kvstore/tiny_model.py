@@ -11,7 +11,14 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["GEMMA3_SLIDING_WINDOW", "TinyLlamaSpec", "build_tiny_gemma3", "build_tiny_llama"]
+__all__ = [
+    "GEMMA3_SLIDING_WINDOW",
+    "TinyLlamaSpec",
+    "add_word_tokenizer",
+    "build_tiny_gemma3",
+    "build_tiny_llama",
+    "word_of",
+]
 
 GEMMA3_SLIDING_WINDOW = 64
 """Tokens of the tiny Gemma-3-style model's sliding window (its layers 0-2; layer 3 is full)."""
@@ -112,5 +119,46 @@ def build_tiny_gemma3(directory: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(config).to(torch.float32)  # type: ignore[no-untyped-call,arg-type]
     model.save_pretrained(directory)
+    marker.write_text(wanted)
+    return directory
+
+
+_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0-2: the tiny models' unk, bos 1 and eos 2
+
+
+def word_of(token_id: int) -> str:
+    """The word `add_word_tokenizer` gives `token_id` (a special token's own spelling for 0-2)."""
+    return _SPECIAL_TOKENS[token_id] if token_id < len(_SPECIAL_TOKENS) else f"w{token_id}"
+
+
+def add_word_tokenizer(directory: Path, vocab_size: int) -> Path:
+    """Write a word-level tokenizer for a tiny model into `directory` (once) and return it.
+
+    One word per id (`word_of`: `<unk>`, `<s>`, `</s>`, then `w3`, `w4`, ...), split on
+    whitespace, decoded by joining words with spaces, no special tokens added on encode: any
+    id sequence decodes to text that encodes back to the same ids, so random prompts (vLLM's
+    benchmark datasets) have exactly the lengths asked for. Saved as `tokenizer.json` +
+    `tokenizer_config.json`, which `AutoTokenizer` (and so vLLM's OpenAI server) loads from
+    the model directory. A tokenizer of another vocabulary size is rebuilt."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    marker = directory / "kvstore-tiny-tokenizer.json"
+    wanted = json.dumps({"kind": "word", "vocab_size": vocab_size})
+    if marker.exists() and marker.read_text() == wanted:
+        return directory
+    if vocab_size <= len(_SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room beside the special tokens")
+    vocab = {word_of(i): i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(directory))
     marker.write_text(wanted)
     return directory

@@ -22,6 +22,7 @@ class Suite(StrEnum):
     CONNECTOR = "connector"
     REMOTE = "remote"
     NOHIT = "nohit"
+    SERVE = "serve"
     ALL = "all"
 
 
@@ -46,6 +47,7 @@ def bench(
         raise typer.Exit(0)
     extra = [*ctx.args, "--help"] if wants_help else list(ctx.args)
     suite = Suite.ALL if suite is None else suite
+    # serve, like nohit, takes minutes and is run on its own
     everyday = (Suite.TIERS, Suite.INDEX, Suite.CONNECTOR)  # remote needs a Redis, nohit time
     suites = list(everyday) if suite is Suite.ALL else [suite]
     for name in suites:
