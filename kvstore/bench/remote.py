@@ -168,7 +168,7 @@ def _ttft(
         times["kvstore_remote_slow_link"] = [c.ttft_s(prompt) for prompt in prompts]
         decisions = {
             decision: c.metric("kvstore_load_decisions_total", tier="remote", decision=decision)
-            for decision in ("load", "recompute")
+            for decision in ("load", "recompute", "gave_up")
         }
     return times, decisions
 
@@ -257,10 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy = statistics.median(times["kvstore_disk_copy"])
     print(f"- a hit on the local disk's copy of remote hits: {copy / remote:.2f}x a remote hit")
     far = statistics.median(times["kvstore_remote_slow_link"]) / base
-    loaded, recomputed = decisions["load"], decisions["recompute"]
+    loaded, recomputed, gave_up = (decisions[d] for d in ("load", "recompute", "gave_up"))
     print(f"- Redis behind {args.slow_latency_ms:g} ms and {args.slow_mbps:g} MB/s: "
-          f"{far:.2f}x recompute (target <= 1.1); load_policy cost loaded {loaded:.0f} "
-          f"and recomputed {recomputed:.0f} lookups")  # fmt: skip
+          f"{far:.2f}x recompute (target <= 1.1); load_policy cost loaded {loaded:.0f}, "
+          f"recomputed {recomputed:.0f} and gave up on {gave_up:.0f} lookups")  # fmt: skip
     return 0
 
 
