@@ -33,7 +33,14 @@ from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config
 from kvstore.vllm.null_connector import null_transfer_config
 
-__all__ = ["BENCH_SPEC", "BenchEngine", "bench_engine", "free_port", "synthetic_prompt"]
+__all__ = [
+    "BENCH_SPEC",
+    "BenchEngine",
+    "bench_engine",
+    "free_port",
+    "scrape_metrics",
+    "synthetic_prompt",
+]
 
 BENCH_SPEC = TinyLlamaSpec(
     hidden_size=512,
@@ -89,6 +96,19 @@ class LocalLLM:
         return bool(self.llm.reset_prefix_cache())
 
 
+def scrape_metrics(
+    url: str, timeout_s: float = 10.0
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A Prometheus endpoint's samples: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        text = response.read().decode()
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
 @dataclass
 class BenchEngine:
     """A running engine; `metrics_url` is set when kvstore is on."""
@@ -120,13 +140,7 @@ class BenchEngine:
         """kvstore's metrics: (sample name, sorted labels) -> value."""
         if self.metrics_url is None:
             raise RuntimeError("this engine runs without kvstore")
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
-            text = response.read().decode()
-        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return samples
+        return scrape_metrics(self.metrics_url)
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)

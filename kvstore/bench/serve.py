@@ -44,7 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvstore.bench.engines import BENCH_SPEC
+from kvstore.bench.engines import BENCH_SPEC, free_port
 from kvstore.bench.serve_args import BLOCK_TOKENS, TARGETS, parse_args, round_up, workload_of
 from kvstore.bench.serve_client import client_argv
 from kvstore.bench.serve_report import TargetResult, format_report, plot_report, ratios
@@ -94,8 +94,6 @@ def _server(args: argparse.Namespace, spec: ServerSpec, target: str) -> Server:
             cpu_bytes=args.cpu_bytes, disk_path=str(store), disk_bytes=args.disk_bytes
         )
         return Server(spec, transfer, log)
-    from kvstore.bench.engines import free_port
-
     port = free_port()
     extra = args.lmcache_server_args or f"--cpu-buffer-size {max(1, args.cpu_bytes >> 30)}"
     helper = [

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from kvstore.bench.engines import free_port
+from kvstore.bench.engines import free_port, scrape_metrics
 
 __all__ = ["LMCACHE_SERVER", "Server", "ServerSpec", "prompt_sources", "server_command"]
 
@@ -130,11 +128,7 @@ class Server:
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """vLLM's `/metrics`: (sample name, sorted labels) -> value."""
-        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for family in text_string_to_metric_families(_get(f"{self.url}/metrics")):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return samples
+        return scrape_metrics(f"{self.url}/metrics")
 
     def complete(self, prompt: list[int], max_tokens: int) -> None:
         """One completion of a token-id prompt (the warm-up; the benchmark sends text)."""

@@ -47,8 +47,8 @@ def bench(
         raise typer.Exit(0)
     extra = [*ctx.args, "--help"] if wants_help else list(ctx.args)
     suite = Suite.ALL if suite is None else suite
-    # serve, like nohit, takes minutes and is run on its own
-    everyday = (Suite.TIERS, Suite.INDEX, Suite.CONNECTOR)  # remote needs a Redis, nohit time
+    # remote needs a Redis; nohit and serve take minutes: each is run on its own
+    everyday = (Suite.TIERS, Suite.INDEX, Suite.CONNECTOR)
     suites = list(everyday) if suite is Suite.ALL else [suite]
     for name in suites:
         command = _command(name)

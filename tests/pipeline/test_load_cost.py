@@ -222,3 +222,33 @@ def test_a_fetch_past_its_budget_is_recomputed_and_lands_in_cpu_for_the_next() -
     reader.settle()
     assert reader.index.stats().num_holds == 0  # nothing held for a request that recomputes
     assert reader.lookup("r2", ks(1, 2, 3, 4)) == (Tier.CPU,) * 3
+
+
+def test_a_healthy_link_within_its_budget_is_loaded_and_never_given_up() -> None:
+    """The give-up stays quiet while the link does what it was measured to do: three
+    requesters at once (prefixes of their own), each probe and fetch taking 1.5x the expected
+    time (budget: 2x)."""
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3, 4, 5, 6)), cost=cost)
+    teach(cost, s_per_token=0.001, remote_latency_s=0.001, remote_s_per_chunk=0.001)
+    wanted = {"r1": ks(1, 2, 10), "r2": ks(3, 4, 11), "r3": ks(5, 6, 12)}
+    expected = cost.load_s(Tier.REMOTE, 3, round_trips=2)
+    assert expected is not None
+    answers: dict[str, tuple[Tier, ...]] = {}
+    for _ in range(10):
+        for owner, keys in wanted.items():
+            if owner not in answers:
+                answer = reader.pipeline.prepare_lookup(owner, keys)
+                if not answer.is_pending:
+                    answers[owner] = answer.tiers
+        if len(answers) == len(wanted):
+            break
+        # two rounds (probe, fetch) take 1.5x the expected; each is asked again while in flight
+        clock.now += 0.5 * 1.5 * expected
+        for owner, keys in wanted.items():
+            if owner not in answers:
+                assert reader.pipeline.prepare_lookup(owner, keys).is_pending
+        reader.service.run_pending()
+    assert answers == {owner: (Tier.REMOTE,) * 2 for owner in wanted}
+    assert (Tier.REMOTE, "gave_up") not in decisions
