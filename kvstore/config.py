@@ -90,6 +90,10 @@ class KVStoreConfig:
     remote_timeout_ms: int = 500
     remote_queue_chunks: int = 256
     remote_write: bool = True
+    # Hybrid models (vLLM's hybrid KV cache manager on): a sliding-window group's chunks are
+    # kept for hits at the end of each prompt's full chunks and at every multiple of this many
+    # tokens (rounded down to whole chunks; 0: prompt ends only). See kvstore.vllm.hybrid.
+    hybrid_retention_tokens: int = 1024
 
     @property
     def has_disk(self) -> bool:
@@ -148,6 +152,7 @@ class KVStoreConfig:
             "step_copy_budget_bytes",
             "must be >= 0 (0 = no limit)",
         )
+        require(self.hybrid_retention_tokens >= 0, "hybrid_retention_tokens", "must be >= 0")
         self.remote_config()  # every remote_* key, named in its error
 
 
@@ -156,6 +161,7 @@ _PARSERS: dict[str, Parser] = {
     "disk_path": parse_optional_path,
     "disk_bytes": parse_size,
     "block_size": parse_optional_int,
+    "hybrid_retention_tokens": parse_int,
     "eviction_policy": parse_lower_str,
     "disk_eviction_policy": parse_optional_lower_str,
     "write_policy": parse_lower_str,

@@ -87,37 +87,47 @@ def build_tiny_llama(directory: Path, spec: TinyLlamaSpec | None = None) -> Path
     return directory
 
 
-def build_tiny_gemma3(directory: Path, seed: int = 0) -> Path:
-    """Write a random-weight Gemma-3-style text model to `directory` (once): 4 layers, three
-    sliding-window (`GEMMA3_SLIDING_WINDOW` tokens) and one full attention, float32, the
-    vocabulary and widths of `TinyLlamaSpec`."""
+def build_tiny_gemma3(
+    directory: Path,
+    seed: int = 0,
+    *,
+    spec: TinyLlamaSpec | None = None,
+    num_sliding: int = 3,
+    window: int = GEMMA3_SLIDING_WINDOW,
+) -> Path:
+    """Write a random-weight Gemma-3-style text model to `directory` (once): `num_sliding`
+    sliding-window layers of `window` tokens, then one full-attention layer (Gemma 3 has five
+    per full one), the vocabulary, widths and dtype of `spec` (default: the tiny `TinyLlamaSpec`,
+    float32: 4 layers, three of them sliding-window, `GEMMA3_SLIDING_WINDOW` tokens)."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+    spec = spec or TinyLlamaSpec()
     directory = Path(directory)
     marker = directory / "kvstore-tiny-model.json"
-    wanted = json.dumps({"kind": "gemma3", "seed": seed, "window": GEMMA3_SLIDING_WINDOW})
+    wanted = json.dumps({"kind": "gemma3", "seed": seed, "window": window,
+                         "num_sliding": num_sliding, **asdict(spec)}, sort_keys=True)  # fmt: skip
     if marker.exists() and marker.read_text() == wanted:
         return directory
     directory.mkdir(parents=True, exist_ok=True)
-    spec = TinyLlamaSpec()
     config = Gemma3TextConfig(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
-        num_hidden_layers=4,
+        num_hidden_layers=num_sliding + 1,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
-        sliding_window=GEMMA3_SLIDING_WINDOW,
-        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        sliding_window=window,
+        layer_types=["sliding_attention"] * num_sliding + ["full_attention"],
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
     )
     torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(config).to(torch.float32)  # type: ignore[no-untyped-call,arg-type]
+    dtype = getattr(torch, spec.dtype)
+    model = Gemma3ForCausalLM(config).to(dtype)  # type: ignore[no-untyped-call,arg-type]
     model.save_pretrained(directory)
     marker.write_text(wanted)
     return directory

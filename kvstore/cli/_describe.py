@@ -59,10 +59,17 @@ def new_table(
     return table
 
 
-def entry_json(meta: ChunkMeta, state: ChecksumState = ChecksumState.UNVERIFIED) -> dict[str, Any]:
+def entry_json(
+    meta: ChunkMeta,
+    state: ChecksumState = ChecksumState.UNVERIFIED,
+    descriptor: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """One chunk's metadata: full hex key, sizes in bytes, times in epoch seconds and ISO; null
-    for what the backend does not record (Redis: hits, creation; size and checksum until read)."""
+    for what the backend does not record (Redis: hits, creation; size and checksum until read);
+    a hybrid engine's entries also name their KV cache group (`group_of`)."""
+    group = group_of(descriptor, meta.key) if descriptor else None
     return {
+        **({} if group is None else {"group": group}),
         "key": meta.key.hex(),
         "namespace": meta.namespace,
         "size_bytes": meta.size_bytes,
@@ -75,6 +82,19 @@ def entry_json(meta: ChunkMeta, state: ChecksumState = ChecksumState.UNVERIFIED)
         "checksum_xxh64": None if meta.checksum is None else f"{meta.checksum:016x}",
         "checksum_state": state.value,
     }
+
+
+def group_of(descriptor: Mapping[str, Any], key: bytes) -> dict[str, Any] | None:
+    """The KV cache group of a hybrid engine's entry (its key ends in the group's index; the
+    engine's groups are in the descriptor's `layout.groups`): index, kind, window, layers.
+    None for an engine with one group."""
+    layout = descriptor.get("layout")
+    groups = layout.get("groups") if isinstance(layout, Mapping) else None
+    if not isinstance(groups, list) or len(groups) < 2 or not key:
+        return None
+    index = key[-1]
+    group = groups[index] if index < len(groups) and isinstance(groups[index], Mapping) else {}
+    return {"index": index, **group}
 
 
 def chunk_layout(

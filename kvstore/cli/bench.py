@@ -23,6 +23,7 @@ class Suite(StrEnum):
     REMOTE = "remote"
     NOHIT = "nohit"
     SERVE = "serve"
+    HYBRID = "hybrid"
     ALL = "all"
 
 
@@ -47,7 +48,7 @@ def bench(
         raise typer.Exit(0)
     extra = [*ctx.args, "--help"] if wants_help else list(ctx.args)
     suite = Suite.ALL if suite is None else suite
-    # remote needs a Redis; nohit and serve take minutes: each is run on its own
+    # remote needs a Redis; nohit, serve and hybrid take minutes: each is run on its own
     everyday = (Suite.TIERS, Suite.INDEX, Suite.CONNECTOR)
     suites = list(everyday) if suite is Suite.ALL else [suite]
     for name in suites:

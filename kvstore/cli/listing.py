@@ -291,19 +291,22 @@ def _read_all(source: ChunkSource, entries: list[ChunkMeta]) -> dict[tuple[str, 
 
 
 def _rows(source: ChunkSource, entries: list[ChunkMeta], *, verify: bool) -> list[dict[str, Any]]:
+    descriptors = source.namespaces()
     if not verify:
-        return [entry_json(meta) for meta in entries]
+        return [entry_json(meta, descriptor=descriptors.get(meta.namespace)) for meta in entries]
     reads = _read_all(source, entries)
     rows = []
     for meta in entries:
         read = reads[meta.namespace, meta.key]
-        rows.append(entry_json(read.meta or meta, read.state))
+        rows.append(entry_json(read.meta or meta, read.state, descriptors.get(meta.namespace)))
     return rows
 
 
 def _print_ls(rows: list[dict[str, Any]], num_total: int) -> None:
     console, now = Console(highlight=False), time.time()
-    columns = ("key", "namespace", "size", "hits", "created", "accessed", "checksum")
+    has_groups = any("group" in row for row in rows)  # a hybrid engine's entries
+    columns = ("key", "namespace", *(("group",) if has_groups else ()), "size", "hits", "created",
+               "accessed", "checksum")  # fmt: skip
     table = new_table(
         *columns,
         numeric=("size", "hits", "created", "accessed"),
@@ -316,6 +319,7 @@ def _print_ls(rows: list[dict[str, Any]], num_total: int) -> None:
         table.add_row(
             short_key(bytes.fromhex(row["key"])),
             row["namespace"][:8],
+            *((_group_text(row.get("group")),) if has_groups else ()),
             _size(size),
             "-" if hits is None else f"{hits:,}",
             relative_time(row["created_s"], now),
@@ -324,6 +328,14 @@ def _print_ls(rows: list[dict[str, Any]], num_total: int) -> None:
         )
     console.print(table)
     console.print(f"{len(rows):,} of {num_total:,} chunks", style="dim")
+
+
+def _group_text(group: Mapping[str, Any] | None) -> str:
+    """E.g. `1 sliding 64` or `3 full` (a hybrid engine's KV cache group)."""
+    if group is None:
+        return "-"
+    window = group.get("window_tokens")
+    return " ".join(str(p) for p in (group["index"], group.get("kind", "?"), window) if p)
 
 
 @app.command(name="ls")

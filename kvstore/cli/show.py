@@ -28,7 +28,13 @@ from kvstore.cli._common import (
     format_bytes,
     relative_time,
 )
-from kvstore.cli._describe import NO_LAYOUT_REASON, chunk_layout, entry_json, new_table
+from kvstore.cli._describe import (
+    NO_LAYOUT_REASON,
+    chunk_layout,
+    entry_json,
+    group_of,
+    new_table,
+)
 from kvstore.cli._source import (
     ChunkSource,
     PasswordEnvOption,
@@ -78,7 +84,11 @@ def layer_summary(rank: int, name: str, tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def decode_chunk(
-    value: memoryview, descriptor: Mapping[str, Any], *, no_layout_reason: str = NO_LAYOUT_REASON
+    value: memoryview,
+    descriptor: Mapping[str, Any],
+    *,
+    no_layout_reason: str = NO_LAYOUT_REASON,
+    group: Mapping[str, Any] | None = None,
 ) -> Decoded:
     """Decode every rank's slice of `value` with the descriptor's chunk layout."""
     layout, reason = chunk_layout(descriptor, no_layout_reason=no_layout_reason)
@@ -96,12 +106,17 @@ def decode_chunk(
         )
     slice_bytes = value.nbytes // tp_size
     decoded = Decoded(tp_size)
+    # a hybrid engine's row holds one KV cache group's layers: the layout names those of the
+    # first group, which every group matches in shape
+    names = (group or {}).get("layers")
     for rank in range(tp_size):
         piece = value[rank * slice_bytes : (rank + 1) * slice_bytes]
         try:
             tensors = layout.decode(piece)
         except TierConfigError as exc:
             return Decoded(tp_size, skipped_reason=f"rank {rank}'s slice cannot be decoded: {exc}")
+        if isinstance(names, list) and len(names) == len(tensors):
+            tensors = dict(zip(names, tensors.values(), strict=True))
         decoded.layers.extend(layer_summary(rank, n, t) for n, t in tensors.items())
     return decoded
 
@@ -140,6 +155,16 @@ def _fields(rows: Sequence[tuple[str, str]]) -> Table:
     return table
 
 
+def _group_line(group: Mapping[str, Any]) -> str:
+    """E.g. `1: sliding window 64 tokens (model.layers.1.self_attn.attn)`."""
+    kind = str(group.get("kind", "?"))
+    if group.get("window_tokens"):
+        kind += f" window {group['window_tokens']} tokens"
+    layers = group.get("layers")
+    named = f" ({', '.join(map(str, layers))})" if isinstance(layers, list) else ""
+    return f"{group['index']}: {kind}{named}"
+
+
 def _print_show(document: Mapping[str, Any]) -> None:
     console = Console(highlight=False)
     chunk = document["chunk"]
@@ -150,6 +175,7 @@ def _print_show(document: Mapping[str, Any]) -> None:
     rows = [
         ("key", chunk["key"]),
         ("namespace", chunk["namespace"]),
+        *([("group", _group_line(chunk["group"]))] if "group" in chunk else []),
         ("size", "-" if size is None else f"{format_bytes(size)} ({size:,} B)"),
         *([("memory", f"{format_bytes(memory)} ({memory:,} B)")] if memory is not None else []),
         ("hits", "-" if hits is None else f"{hits:,}"),
@@ -190,7 +216,12 @@ def _layer_table(layers: Sequence[Mapping[str, Any]], *, has_ranks: bool) -> Tab
 
 def _decode(source: ChunkSource, read: ChunkRead, descriptor: Mapping[str, Any]) -> Decoded:
     if read.value is not None:
-        return decode_chunk(read.value, descriptor, no_layout_reason=source.no_layout_reason)
+        return decode_chunk(
+            read.value,
+            descriptor,
+            no_layout_reason=source.no_layout_reason,
+            group=group_of(descriptor, read.key),
+        )
     if read.state is ChecksumState.CORRUPT:
         return Decoded(skipped_reason=f"the value fails its checksum: {read.error}")
     if read.state is ChecksumState.NEWER_FORMAT:
@@ -217,7 +248,7 @@ def show(
         decoded = _decode(source, read, descriptor)
         document = {
             **source.where(),
-            "chunk": entry_json(read.meta or meta, read.state),
+            "chunk": entry_json(read.meta or meta, read.state, descriptor),
             "descriptor": descriptor,
             "tp_size": decoded.tp_size,
             "decode_skipped_reason": decoded.skipped_reason or None,

@@ -125,7 +125,14 @@ class TierPipeline:
     # -- lookups ----------------------------------------------------------------------------
 
     def prepare_lookup(
-        self, owner: str, keys: Sequence[BlockKey], *, skip_tokens: int = 0, may_wait: bool = True
+        self,
+        owner: str,
+        keys: Sequence[BlockKey],
+        *,
+        skip_tokens: int = 0,
+        may_wait: bool = True,
+        token_counts: Sequence[int] | None = None,
+        num_asked_chunks: int | None = None,
     ) -> LookupAnswer:
         """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
         promoted first: the answer waits up to `promotion_wait_s` for them to land (a fast
@@ -133,7 +140,9 @@ class TierPipeline:
         do. `skip_tokens` of the first chunk are the requester's own (not counted as served).
         While a promotion runs, and once it landed, the prefix is held until `prepare_load` or
         `release`; a CPU-only hit is not held (one evicted before its load is `missing` there,
-        and recomputed)."""
+        and recomputed). Hit accounting: each key stands for a chunk of tokens and the lookup
+        for `len(keys)` chunks, unless `token_counts` (tokens per key) and `num_asked_chunks`
+        say otherwise (a hybrid engine's keys are per group: several per chunk, or none)."""
         self.poll()
         state = self._owners.setdefault(owner, _Owner())
         if state.promoting:
@@ -148,7 +157,10 @@ class TierPipeline:
                 owner, state, result.keys
             ):
                 if may_wait and self._await_promotion(state, result.num_disk_hits):
-                    return self.prepare_lookup(owner, keys, skip_tokens=skip_tokens, may_wait=False)
+                    return self.prepare_lookup(
+                        owner, keys, skip_tokens=skip_tokens, may_wait=False,
+                        token_counts=token_counts, num_asked_chunks=num_asked_chunks,
+                    )  # fmt: skip
                 return _PENDING
             num_hits = _leading(result.tiers, Tier.CPU)
         elif self._remote is not None and self._remote.extend(owner, keys, num_hits):
@@ -158,7 +170,13 @@ class TierPipeline:
             Tier.REMOTE if key in fetched else state.sources.get(key, Tier.CPU)
             for key in keys[:num_hits]
         )
-        self._record_lookup(state, len(keys), skip_tokens, tiers)
+        self._record_lookup(
+            state,
+            len(keys) if num_asked_chunks is None else num_asked_chunks,
+            skip_tokens,
+            tiers,
+            token_counts,
+        )
         if not tiers:
             self._release_holds(state)
         self._pump_events()
@@ -206,7 +224,12 @@ class TierPipeline:
         return True
 
     def _record_lookup(
-        self, state: _Owner, num_chunks: int, skip_tokens: int, tiers: Sequence[Tier]
+        self,
+        state: _Owner,
+        num_chunks: int,
+        skip_tokens: int,
+        tiers: Sequence[Tier],
+        token_counts: Sequence[int] | None = None,
     ) -> None:
         """Count one lookup per requester, in tokens it did not already have."""
         if state.is_lookup_recorded:
@@ -215,8 +238,14 @@ class TierPipeline:
         chunk_tokens = self._num_tokens_per_chunk
         hits: dict[Tier, tuple[int, int]] = {tier: (0, 0) for tier in Tier}
         for i, tier in enumerate(tiers):
+            key_tokens = chunk_tokens if token_counts is None else token_counts[i]
+            if key_tokens == 0:
+                continue  # another group's share of a chunk already counted
             chunks, tokens = hits[tier]
-            hits[tier] = (chunks + 1, tokens + chunk_tokens - (skip_tokens if i == 0 else 0))
+            hits[tier] = (
+                chunks + key_tokens // chunk_tokens,
+                tokens + key_tokens - (skip_tokens if i == 0 else 0),
+            )
         self._observers.record_lookup(num_chunks, num_chunks * chunk_tokens - skip_tokens, hits)
 
     def record_engine_hit(self, keys: Sequence[BlockKey]) -> None:

@@ -70,6 +70,14 @@ class StepBudget:
     store_bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """A chunk copy and the KV cache group whose layers it reads or writes."""
+
+    group: int
+    copy: ChunkCopy
+
+
 @dataclass(slots=True)
 class _Progress:
     """A job under way: segments `[0, next_segment)` are done."""
@@ -94,7 +102,7 @@ class TransferEngine:
 
     def __init__(
         self,
-        copier: ChunkCopier,
+        copier: ChunkCopier | Sequence[ChunkCopier],
         rows: Callable[[], RowSource],
         slice_spec: SliceSpec,
         *,
@@ -102,7 +110,10 @@ class TransferEngine:
         budget: StepBudget | None = None,
         audit: LoadAudit | None = None,
     ) -> None:
-        self._copier = copier
+        # one copier per KV cache group (a segment's `group` picks it)
+        self._copiers: tuple[ChunkCopier, ...] = (
+            tuple(copier) if isinstance(copier, Sequence) else (copier,)
+        )
         self._rows_factory = rows
         self._rows: RowSource | None = None
         self._slice = slice_spec
@@ -140,6 +151,9 @@ class TransferEngine:
             progress = _Progress(job)
             if self._is_cuda:
                 self._enqueue_cuda(progress)
+            elif job.is_urgent:  # its blocks may be reused from the next step on
+                self._run_segments(progress, len(job.segments))
+                self._finish(progress)
             else:
                 self._stores.append(progress)
         self._drain(self._stores, self._budget.store_bytes)
@@ -214,26 +228,33 @@ class TransferEngine:
             self._fail(progress, exc)
         progress.duration_s += time.perf_counter() - start_s
 
-    def _items(self, segments: Sequence[ChunkSegment], progress: _Progress) -> list[ChunkCopy]:
+    def _items(self, segments: Sequence[ChunkSegment], progress: _Progress) -> list[_Item]:
         items = []
         for segment in segments:
             if segment.row < 0:  # the scheduler could not provide this chunk
                 progress.failed.extend(segment.block_ids)
                 continue
-            items.append(ChunkCopy(segment.block_ids, self._row_slice(segment.row),
-                                   segment.first_block))  # fmt: skip
+            copy = ChunkCopy(segment.block_ids, self._row_slice(segment.row), segment.first_block)
+            items.append(_Item(segment.group, copy))
         return items
 
-    def _copy(self, kind: JobKind, items: Sequence[ChunkCopy], stream: Any = None) -> int:
-        if kind is JobKind.STORE:
-            return self._copier.gather_many(items, stream=stream)
-        return self._copier.scatter_many(items, stream=stream)
+    def _copy(self, kind: JobKind, items: Sequence[_Item], stream: Any = None) -> int:
+        num_bytes = 0
+        for group, copier in enumerate(self._copiers):
+            copies = [item.copy for item in items if item.group == group]
+            if not copies:
+                continue
+            if kind is JobKind.STORE:
+                num_bytes += copier.gather_many(copies, stream=stream)
+            else:
+                num_bytes += copier.scatter_many(copies, stream=stream)
+        return num_bytes
 
     def _audit_segments(
         self,
         kind: JobKind,
         segments: Sequence[ChunkSegment],
-        items: Sequence[ChunkCopy],
+        items: Sequence[_Item],
         progress: _Progress,
     ) -> None:
         audit = self._audit
@@ -241,16 +262,20 @@ class TransferEngine:
             return
         copied = [s for s in segments if s.row >= 0]
         for segment, item in zip(copied, items, strict=True):
+            copy = item.copy
             if kind is JobKind.STORE:
-                audit.record_store(segment.key, item.buffer)
+                audit.record_store(segment.key, copy.buffer)
                 continue
 
-            def regather(scratch: torch.Tensor, item: ChunkCopy = item) -> None:
-                self._copier.gather_many([ChunkCopy(item.block_ids, scratch, item.first_block)])
+            def regather(scratch: torch.Tensor, copy: ChunkCopy = copy, group: int = item.group
+                         ) -> None:  # fmt: skip
+                self._copiers[group].gather_many(
+                    [ChunkCopy(copy.block_ids, scratch, copy.first_block)]
+                )
                 if self._is_cuda:
                     torch.cuda.current_stream().synchronize()  # type: ignore[no-untyped-call]
 
-            if audit.check_load(segment.key, item.buffer, regather) is AuditResult.MISMATCHED:
+            if audit.check_load(segment.key, copy.buffer, regather) is AuditResult.MISMATCHED:
                 progress.failed.extend(segment.block_ids)
 
     def _fail(self, progress: _Progress, exc: Exception) -> None:
@@ -301,7 +326,9 @@ class TransferEngine:
                 progress.num_bytes = self._copy(job.kind, items, stream=self._stream)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self._stream)
-            if job.is_sync:
+            # the compute stream waits: this step's forward reads a sync load's blocks, and the
+            # next one may rewrite an urgent store's
+            if job.is_sync or job.is_urgent:
                 torch.cuda.current_stream().wait_event(done)
         except Exception as exc:
             self._fail(progress, exc)

@@ -25,12 +25,15 @@ class ChunkSegment:
     `first_block` > 0 only for the first chunk of a load whose leading blocks the engine already
     holds. `row` < 0 marks a chunk the scheduler could not provide: the worker reports its blocks
     as failed so vLLM recomputes them. `key` is the chunk's key (the load audit uses it).
+    `group` is the KV cache group whose layers the blocks belong to (a hybrid engine's row
+    holds one group's share of a chunk; 0 otherwise).
     """
 
     row: int
     first_block: int
     block_ids: tuple[int, ...]
     key: bytes = b""
+    group: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,8 @@ class CopyJob:
     `is_sync`: a load the request's forward in this very step reads (vLLM was told
     `load_kv_async=False`): it runs before the forward and is not reported as finished
     receiving. Other loads complete across steps and are reported through `get_finished`.
+    `is_urgent`: a store whose source blocks vLLM may reuse from the next step on (a
+    sliding-window group's blocks leave the window): it is copied before the next forward.
     """
 
     job_id: int
@@ -47,6 +52,7 @@ class CopyJob:
     req_id: str
     segments: tuple[ChunkSegment, ...]
     is_sync: bool = False
+    is_urgent: bool = False
 
     @property
     def block_ids(self) -> list[int]:

@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -59,9 +60,9 @@ logger = logging.getLogger(__name__)
 
 _HYBRID_WARNING = (
     "kvstore: %d of this model's %d attention layers are sliding-window or chunked-local "
-    "(window %d tokens). KVStoreConnector does not support vLLM's hybrid KV cache manager yet, so "
-    "vLLM turned it off: those layers keep KV for every token, in the engine and in kvstore's "
-    "tiers, and fewer requests fit in the engine's cache than without kvstore "
+    "(window %d tokens), and vLLM's hybrid KV cache manager is off in this engine (asked for "
+    "with --disable-hybrid-kv-cache-manager, or by a vLLM feature that needs it off; kvstore "
+    "supports it): those layers keep KV for every token, in the engine and in kvstore's tiers "
     "(kvstore_hybrid_manager_off 1; README, Limits)"
 )
 _HASH_WARNING = (
@@ -71,8 +72,12 @@ _HASH_WARNING = (
 )
 
 
-class KVStoreConnector(KVConnectorBase_V1):
-    """Offloads prefix KV blocks to a shared CPU region and a persistent LMDB store."""
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
+    """Offloads prefix KV blocks to a shared CPU region and a persistent LMDB store.
+
+    `SupportsHMA`: vLLM keeps its hybrid KV cache manager on with kvstore, so a model with
+    sliding-window layers keeps its window-sized allocation; each KV cache group is stored on
+    its own (`kvstore.vllm.hybrid`)."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -126,6 +131,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             num_workers=int(vllm_config.parallel_config.tensor_parallel_size),
             sync_load_budget_bytes=self._config.sync_load_budget_bytes,
             on_layout=runtime.register_layout,
+            retention_tokens=self._config.hybrid_retention_tokens,
         )
         runtime.metrics.set_pipeline_source(self._scheduler.inflight)
         server = runtime.metrics_server
@@ -240,6 +246,13 @@ class KVStoreConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.request_finished(request)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM's call with the hybrid manager on (every engine: kvstore declares SupportsHMA);
+        the blocks of every group stay alive until the request's stores are done."""
         return self.scheduler.request_finished(request)
 
     def take_events(self) -> Iterable[KVCacheEvent]:

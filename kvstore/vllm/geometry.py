@@ -23,7 +23,29 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-__all__ = ["EngineGeometry"]
+__all__ = ["EngineGeometry", "KVGroup"]
+
+FULL, SLIDING = "full", "sliding"
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """One of vLLM's KV cache groups as kvstore stores it: `kind` is `full` (every chunk of a
+    prefix is needed) or `sliding` (a hit needs only the chunks within `window_tokens` before
+    it); each group's share of a chunk is its own entry in kvstore's tiers (`group_key`)."""
+
+    index: int
+    kind: str
+    window_tokens: int
+    layer_names: tuple[str, ...]
+    spec_kind: str = ""  # vLLM's name of the group's kind, as its KV events carry it
+
+    def window_chunks(self, chunk_tokens: int) -> int:
+        """Chunks before a hit boundary this group needs (0: all of them). The token computed
+        next at boundary t attends to tokens t - window + 1 .. t - 1."""
+        if self.kind == FULL:
+            return 0
+        return -(-(self.window_tokens - 1) // chunk_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +69,21 @@ class EngineGeometry:
     # hybrid KV cache manager is off (see `local_attention`), and their window in tokens.
     num_local_layers: int = 0
     local_window_tokens: int = 0
+    # vLLM's KV cache groups (one unless its hybrid KV cache manager is on): a CPU row holds one
+    # group's layers of one chunk, so every group must have the same bytes per block.
+    groups: tuple[KVGroup, ...] = ()
+
+    @property
+    def num_groups(self) -> int:
+        return max(1, len(self.groups))
+
+    @property
+    def is_hybrid(self) -> bool:
+        """vLLM's hybrid KV cache manager is on: several groups, keyed apart."""
+        return self.num_groups > 1
+
+    def group_layer_names(self, group: int) -> tuple[str, ...]:
+        return self.groups[group].layer_names if self.groups else self.layer_names
 
     @property
     def num_tokens_per_chunk(self) -> int:
@@ -58,8 +95,10 @@ class EngineGeometry:
 
     @property
     def slice_bytes(self) -> int:
-        """One rank's share of a chunk: every layer's blocks of the chunk."""
-        return sum(self.layer_block_bytes) * self.blocks_per_chunk
+        """One rank's share of a chunk of one group: every layer's blocks of the chunk (all
+        layers when there is one group; a hybrid engine's groups are equal in size)."""
+        num_layers = len(self.group_layer_names(0))
+        return sum(self.layer_block_bytes[:num_layers]) * self.blocks_per_chunk
 
     @property
     def row_bytes(self) -> int:
@@ -75,15 +114,7 @@ class EngineGeometry:
         cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: KVStoreConfig
     ) -> EngineGeometry:
         groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            kinds = sorted({type(group.kv_cache_spec).__name__ for group in groups})
-            raise ConfigError(
-                f"KVStoreConnector needs one KV cache group; this engine has {len(groups)} "
-                f"({', '.join(kinds)}): vLLM's hybrid KV cache manager is on, which "
-                "KVStoreConnector does not support yet. Leave it to vLLM to turn it off (do not "
-                "pass --no-disable-hybrid-kv-cache-manager); sliding-window models then run with "
-                "full-attention allocation (README, Limits)"
-            )
+        kv_groups = _kv_groups(groups) if len(groups) > 1 else ()
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size != 1:
             raise ConfigError("KVStoreConnector supports pipeline_parallel_size == 1 only")
@@ -93,8 +124,7 @@ class EngineGeometry:
             getattr(kv_cache_config, "hash_block_size", None) or vllm_config.cache_config.block_size
         )
         block_size = _chunk_tokens(config.block_size, engine_block_size, hash_block_size)
-        page_bytes = int(getattr(spec, "unpadded_page_size_bytes", None) or spec.page_size_bytes)
-        layer_names = tuple(groups[0].layer_names)
+        layer_names = tuple(name for group in groups for name in group.layer_names)
         cache_config = vllm_config.cache_config
         hash_algo = str(cache_config.prefix_caching_hash_algo)
         return cls(
@@ -109,14 +139,17 @@ class EngineGeometry:
             tp_size=int(parallel.tensor_parallel_size),
             num_engine_blocks=int(kv_cache_config.num_blocks),
             layer_names=layer_names,
-            layer_block_bytes=tuple(page_bytes for _ in layer_names),
+            layer_block_bytes=tuple(
+                _page_bytes(group.kv_cache_spec) for group in groups for _ in group.layer_names
+            ),
             device_type=_device_type(),
             attention_backend=_attention_backend(vllm_config),
             kv_cache_layout=str(getattr(kv_cache_config, "kv_cache_layout", None) or "default"),
             hash_algo=hash_algo,
             is_hash_stable=_is_hash_stable(hash_algo),
-            **local_attention(spec, getattr(vllm_config.model_config.hf_text_config,
-                                            "layer_types", None)),
+            groups=kv_groups,
+            **(local_attention(spec, getattr(vllm_config.model_config.hf_text_config,
+                                             "layer_types", None)) if not kv_groups else {}),
         )  # fmt: skip
 
     def namespace(self, config: KVStoreConfig) -> NamespaceDescriptor:
@@ -136,11 +169,53 @@ class EngineGeometry:
         )
 
     def spec_summary(self) -> dict[str, Any]:
-        return {
+        summary: dict[str, Any] = {
             "kv_cache_layout": self.kv_cache_layout,
             "layers": list(self.layer_names),
             "layer_block_bytes": list(self.layer_block_bytes),
         }
+        if self.is_hybrid:  # a row holds one group's layers
+            summary["groups"] = [
+                {"kind": g.kind, "window_tokens": g.window_tokens, "layers": list(g.layer_names)}
+                for g in self.groups
+            ]
+        return summary
+
+
+def _kv_groups(groups: Any) -> tuple[KVGroup, ...]:
+    """The KV cache groups of an engine whose hybrid KV cache manager is on, checked: full
+    attention and sliding-window groups, one block size, equal bytes per block."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    kv_groups = []
+    for index, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, SlidingWindowSpec):
+            kind, window = SLIDING, int(spec.sliding_window)
+        elif isinstance(spec, FullAttentionSpec) and not (
+            getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None)
+        ):
+            kind, window = FULL, 0
+        else:
+            raise ConfigError(
+                f"KVStoreConnector supports full-attention and sliding-window KV cache groups; "
+                f"group {index} ({', '.join(group.layer_names[:2])}...) is "
+                f"{type(spec).__name__}, which it cannot store (README, Limits)"
+            )
+        kv_groups.append(KVGroup(index, kind, window, tuple(group.layer_names), _spec_kind(spec)))
+    specs = [group.kv_cache_spec for group in groups]
+    block_sizes = {int(spec.block_size) for spec in specs}
+    group_bytes = {
+        _page_bytes(spec) * len(group.layer_names)
+        for spec, group in zip(specs, groups, strict=True)
+    }
+    if len(block_sizes) != 1 or len(group_bytes) != 1:
+        raise ConfigError(
+            "KVStoreConnector needs every KV cache group to have the same block size and bytes "
+            f"per block; this engine's groups have block sizes {sorted(block_sizes)} and "
+            f"{sorted(group_bytes)} bytes per block (README, Limits)"
+        )
+    return tuple(kv_groups)
 
 
 _LOCAL_LAYER_TYPES = frozenset({"sliding_attention", "chunked_attention"})
@@ -164,6 +239,19 @@ def local_attention(spec: object, layer_types: object = None) -> dict[str, int]:
     if windows and isinstance(layer_types, list | tuple):
         num_local = max(1, sum(kind in _LOCAL_LAYER_TYPES for kind in layer_types))
     return {"num_local_layers": num_local, "local_window_tokens": max(windows, default=0)}
+
+
+def _spec_kind(spec: Any) -> str:
+    """vLLM's `KVCacheSpecKind` of a spec ("" where this vLLM has none)."""
+    try:
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+    except ImportError:
+        return ""
+    return str(get_kv_cache_spec_kind(spec).value)
+
+
+def _page_bytes(spec: Any) -> int:
+    return int(getattr(spec, "unpadded_page_size_bytes", None) or spec.page_size_bytes)
 
 
 def _chunk_tokens(configured: int | None, engine_block_size: int, hash_block_size: int) -> int:

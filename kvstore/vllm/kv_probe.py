@@ -52,13 +52,28 @@ class _EngineCache:
         if hash_size != self.block_size:
             raise RuntimeError(f"KV probes need one prefix hash per block; hash blocks are "
                                f"{hash_size} tokens, engine blocks {self.block_size}")  # fmt: skip
-        num_blocks = int(self.scheduler.kv_cache_config.num_blocks)
+        kv_cache_config = self.scheduler.kv_cache_config
+        num_blocks = int(kv_cache_config.num_blocks)
         runner = core.model_executor.driver_worker.worker.model_runner
         self._layers = [(cache, _block_dim(cache.shape, num_blocks)) for cache in runner.kv_caches]
+        self.group_layers = _group_layers(kv_cache_config.kv_cache_groups, len(self._layers))
 
-    def read(self, block_id: int) -> tuple[torch.Tensor, ...]:
-        """A copy of one block's KV, per layer."""
-        return tuple(cache.select(dim, block_id).clone() for cache, dim in self._layers)
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_layers)
+
+    def read(self, block_id: int, group: int = 0) -> tuple[torch.Tensor, ...]:
+        """A copy of one block's KV, per layer of KV cache group `group` (a hybrid engine's
+        groups share the KV tensors: a block id holds the KV of the group that owns it)."""
+        return tuple(
+            self._layers[i][0].select(self._layers[i][1], block_id).clone()
+            for i in self.group_layers[group]
+        )
+
+    def name(self, block_hash: bytes, group: int) -> bytes:
+        """A block's name in both engines: its prefix-cache hash, and with several KV cache
+        groups the group too (each group has its own block of the same hash)."""
+        return block_hash if self.num_groups == 1 else block_hash + b"/group" + bytes([group])
 
     @contextmanager
     def around_steps(self, before: Callable[[], None], after: Callable[[], None]) -> Iterator[None]:
@@ -77,6 +92,18 @@ class _EngineCache:
             self.core.step_fn = step
 
 
+def _group_layers(groups: Sequence[Any], num_layers: int) -> list[list[int]]:
+    """Each KV cache group's positions in the model runner's `kv_caches` list, which vLLM
+    orders by layer index (`bind_kv_cache`); one group: every layer."""
+    if len(groups) == 1:
+        return [list(range(num_layers))]
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    indexes = sorted({extract_layer_index(n) for group in groups for n in group.layer_names})
+    position = {index: i for i, index in enumerate(indexes)}
+    return [[position[extract_layer_index(n)] for n in group.layer_names] for group in groups]
+
+
 def _block_dim(shape: Sequence[int], num_blocks: int) -> int:
     dim = find_block_dim(shape, num_blocks)
     if dim < 0:
@@ -88,8 +115,7 @@ def _block_dim(shape: Sequence[int], num_blocks: int) -> int:
 class _Load:
     request: Any
     is_async: bool
-    first_block: int  # index in the request's blocks
-    block_ids: list[int]  # vLLM's blocks for positions first_block...
+    blocks: list[tuple[int, int, int]]  # (group, position in the request, vLLM's block id)
     num_steps: int = 0  # steps it has been in flight
 
 
@@ -128,11 +154,17 @@ class LoadProbe:
         num_local, is_async = looked_up
         size = cache.block_size
         first, end = num_local // size, (num_local + num_external) // size
-        block_ids = list(blocks.get_block_ids()[0])[first:end]
-        self._pending.append(_Load(request, is_async, first, block_ids))
+        # a hybrid engine's sliding-window groups hold vLLM's null block (0) outside the window
+        filled = [
+            (group, index, block_id)
+            for group, ids in enumerate(blocks.get_block_ids())
+            for index, block_id in enumerate(ids[first:end], start=first)
+            if cache.num_groups == 1 or block_id != 0
+        ]
+        self._pending.append(_Load(request, is_async, filled))
         self.counts.num_loads += 1
         self.counts.num_async_loads += int(is_async)
-        self.counts.num_blocks += len(block_ids)
+        self.counts.num_blocks += len(filled)
         self.num_preempted_loads += int(request.num_preemptions > 0)
 
     def after_step(self, cache: _EngineCache) -> None:
@@ -143,7 +175,7 @@ class LoadProbe:
             req_id = load.request.request_id
             if load.is_async and req_id not in scheduler.finished_recving_kv_req_ids:
                 if load.request.is_finished():
-                    self.counts.num_aborted_blocks += len(load.block_ids)
+                    self.counts.num_aborted_blocks += len(load.blocks)
                 else:
                     waiting.append(load)
                 continue
@@ -157,13 +189,12 @@ class LoadProbe:
         num_valid = len(request.block_hashes)
         if not request.is_finished():  # after a failed load vLLM recomputes from here on
             num_valid = min(num_valid, request.num_computed_tokens // cache.block_size)
-        for offset, block_id in enumerate(load.block_ids):
-            index = load.first_block + offset
+        for group, index, block_id in load.blocks:
             if index >= num_valid:
                 self.counts.num_failed_blocks += 1
                 continue
-            block_hash = bytes(request.block_hashes[index])
-            self.blocks.append(BlockKV(block_hash, cache.read(block_id)))
+            name = cache.name(bytes(request.block_hashes[index]), group)
+            self.blocks.append(BlockKV(name, cache.read(block_id, group)))
 
     @property
     def num_pending(self) -> int:
@@ -183,15 +214,20 @@ class ComputeProbe:
             hashes = {bytes(h) for h in request.block_hashes}
             if self.wanted is not None:
                 hashes &= self.wanted
-            self._candidates |= hashes - self.blocks.keys()
+            self._candidates |= {h for h in hashes if cache.name(h, 0) not in self.blocks}
 
     def after_step(self, cache: _EngineCache) -> None:
         pool = cache.scheduler.kv_cache_manager.block_pool
         found = []
         for block_hash in self._candidates:
-            cached = pool.get_cached_block(block_hash, [0])
-            if cached:
-                self.blocks[block_hash] = BlockKV(block_hash, cache.read(cached[0].block_id))
+            for group in range(cache.num_groups):
+                name = cache.name(block_hash, group)
+                if name in self.blocks:
+                    continue
+                cached = pool.get_cached_block(block_hash, [group])
+                if cached:
+                    self.blocks[name] = BlockKV(name, cache.read(cached[0].block_id, group))
+            if all(cache.name(block_hash, g) in self.blocks for g in range(cache.num_groups)):
                 found.append(block_hash)
         self._candidates.difference_update(found)
 

@@ -17,13 +17,14 @@ class RequestState:
 
     req_id: str
     request: Any  # vllm.v1.request.Request: live object, read for block hashes and tokens
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
     num_stored_chunks: int = 0  # chunks [0, n) were considered for storing
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
     is_sync_load: bool = False  # the planned load runs before the forward of its step
     num_computed_at_lookup: int = 0
     hit_tiers: dict[BlockKey, Tier] = field(default_factory=dict)  # where the last hit was found
+    hit_entries: list[tuple[int, int]] = field(default_factory=list)  # (chunk, group) it loads
     load_tokens: dict[Tier, int] = field(default_factory=dict)  # last load, by source tier
     is_engine_hit_recorded: bool = False  # its engine-cached prefix counted as an access
     is_finished: bool = False

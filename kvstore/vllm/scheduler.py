@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvstore.index.table import READY
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import TransferStats
 from kvstore.pipeline import TierPipeline
 from kvstore.transfer.jobs import ChunkSegment, CopyJob, JobKind
 from kvstore.vllm.compat import resumed_req_ids
 from kvstore.vllm.events import to_vllm_events
-from kvstore.vllm.geometry import EngineGeometry
+from kvstore.vllm.geometry import FULL, EngineGeometry, KVGroup
+from kvstore.vllm.hybrid import NULL_BLOCK_ID, GroupChunk, HybridPlanner
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from kvstore.vllm.requests import JobState, RequestState
 from kvstore.vllm.vllm_metrics import StepCounters
@@ -64,8 +66,14 @@ class ConnectorScheduler:
         num_workers: int,
         sync_load_budget_bytes: int = 0,
         on_layout: Any = None,
+        retention_tokens: int = 0,
     ) -> None:
         self._geo = geometry
+        self._planner = HybridPlanner(
+            geometry.groups or (KVGroup(0, FULL, 0, geometry.layer_names),),
+            geometry.num_tokens_per_chunk,
+            retention_tokens // geometry.num_tokens_per_chunk,
+        )
         self._pipeline = pipeline
         self._metrics = metrics
         self._num_workers = num_workers
@@ -95,6 +103,13 @@ class ConnectorScheduler:
         end = len(hashes) // step if stop is None else min(stop, len(hashes) // step)
         return [BlockKey(bytes(hashes[(i + 1) * step - 1])) for i in range(start, end)]
 
+    def _all_groups(self, chunk_keys: list[BlockKey]) -> list[BlockKey]:
+        """Every group's key of each chunk (the chunk keys themselves with one group)."""
+        if not self._geo.is_hybrid:
+            return chunk_keys
+        groups = range(self._geo.num_groups)
+        return [self._planner.key(key, g) for key in chunk_keys for g in groups]
+
     def track(self, request: Request) -> None:
         """Start tracking a request vLLM just added (its chunks are stored even when vLLM
         never asks kvstore for a hit, e.g. `skip_reading_prefix_cache`)."""
@@ -121,21 +136,54 @@ class ConnectorScheduler:
         start = num_computed_tokens // chunk_tokens
         if start and not state.is_engine_hit_recorded:
             state.is_engine_hit_recorded = True
-            self._pipeline.record_engine_hit(self.chunk_keys(request, 0, start))
-        wanted = self.chunk_keys(request, start, max_chunks)
+            self._pipeline.record_engine_hit(self._all_groups(self.chunk_keys(request, 0, start)))
+        skip_tokens = num_computed_tokens - start * chunk_tokens
+        if self._geo.is_hybrid:
+            entries, wanted, boundary = self._hybrid_wanted(request, start, max_chunks)
+            token_counts = self._planner.tokens_of(entries, start, boundary)
+        else:
+            wanted = self.chunk_keys(request, start, max_chunks)
+            entries = [(start + i, 0) for i in range(len(wanted))]
+            token_counts = None
         if not wanted:
             return 0, False
-        skip_tokens = num_computed_tokens - start * chunk_tokens
-        answer = self._pipeline.prepare_lookup(state.req_id, wanted, skip_tokens=skip_tokens)
+        answer = self._pipeline.prepare_lookup(
+            state.req_id, wanted, skip_tokens=skip_tokens, token_counts=token_counts,
+            num_asked_chunks=max_chunks - start,
+        )  # fmt: skip
         if answer.is_pending:
             return None, False
-        num_hit_tokens = (start + answer.num_hits) * chunk_tokens - num_computed_tokens
+        num_hits = answer.num_hits
+        if self._geo.is_hybrid and num_hits < len(wanted):
+            num_hits = 0  # a part of a boundary's windows is no hit at all
+            self._pipeline.release(state.req_id)
+        end_chunk = entries[num_hits - 1][0] + 1 if num_hits else start
+        num_hit_tokens = end_chunk * chunk_tokens - num_computed_tokens
         if num_hit_tokens <= 0:
             return 0, False
         state.num_computed_at_lookup = num_computed_tokens
         state.hit_tiers = dict(zip(wanted, answer.tiers, strict=False))
-        state.is_sync_load = self._take_sync_budget(answer.num_hits)
+        state.hit_entries = entries[:num_hits]
+        state.is_sync_load = self._take_sync_budget(num_hits)
         return num_hit_tokens, not state.is_sync_load
+
+    def _hybrid_wanted(
+        self, request: Request, start: int, stop: int
+    ) -> tuple[list[GroupChunk], list[BlockKey], int]:
+        """A hybrid engine's lookup: the longest boundary in `(start, stop]` at which every
+        group's entries are in CPU or on disk, those entries and their keys
+        (`kvstore.vllm.hybrid`). The remote tier is not asked (README, Limits)."""
+        keys = self.chunk_keys(request, start, stop)  # keys[i]: chunk start + i
+        index = self._pipeline.index
+        planner = self._planner
+
+        def has(chunk: int, group: int) -> bool:
+            key = planner.key(keys[chunk - start], group)
+            return READY in (index.state_of(Tier.CPU, key), index.state_of(Tier.DISK, key))
+
+        boundary = planner.longest_hit(start, start + len(keys), has)
+        entries = planner.needed(boundary, start)
+        return entries, [planner.key(keys[chunk - start], g) for chunk, g in entries], boundary
 
     def _take_sync_budget(self, num_chunks: int) -> bool:
         """Whether a CPU-resident hit of `num_chunks` loads in the step that schedules it
@@ -155,25 +203,39 @@ class ConnectorScheduler:
             self._pipeline.release(state.req_id)
             return
         geo = self._geo
-        block_ids = list(blocks.get_block_ids()[0])
+        block_ids = blocks.get_block_ids()
         num_computed = state.num_computed_at_lookup
-        first_chunk = num_computed // geo.num_tokens_per_chunk
-        end_chunk = (num_computed + num_external_tokens) // geo.num_tokens_per_chunk
-        keys = self.chunk_keys(request, first_chunk, end_chunk)
+        chunk_tokens = geo.num_tokens_per_chunk
+        first_chunk = num_computed // chunk_tokens
+        end_chunk = (num_computed + num_external_tokens) // chunk_tokens
+        chunk_keys = self.chunk_keys(request, first_chunk, end_chunk)  # [i]: first_chunk + i
+        entries = [(chunk, g) for chunk, g in state.hit_entries if chunk < end_chunk]
+        keys = [self._planner.key(chunk_keys[chunk - first_chunk], g) for chunk, g in entries]
         plan = self._pipeline.prepare_load(state.req_id, keys)
         rows = dict(plan.items())
         first_block = num_computed // geo.engine_block_size
         segments = []
+        loaded: set[GroupChunk] = set()
+        for (chunk, g), key in zip(entries, keys, strict=True):
+            segment = self._segment(block_ids[g], chunk, g, first_block, rows.get(key, -1), key)
+            if segment is not None:
+                segments.append(segment)
+            loaded.add((chunk, g))
+        # A block vLLM allocated for the hit that no entry fills (not expected: a hybrid
+        # lookup covers every group's window) fails, so vLLM recomputes instead of reading it.
+        for g in range(geo.num_groups):
+            for chunk in range(first_chunk, end_chunk):
+                if (chunk, g) not in loaded:
+                    segment = self._segment(block_ids[g], chunk, g, first_block, -1, b"")
+                    if segment is not None:
+                        segments.append(segment)
         state.load_tokens = {}
-        for offset, key in enumerate(keys):
-            chunk_first = (first_chunk + offset) * geo.blocks_per_chunk
-            start = max(chunk_first, first_block)
-            segment_blocks = tuple(block_ids[start : chunk_first + geo.blocks_per_chunk])
-            segments.append(
-                ChunkSegment(rows.get(key, -1), start - chunk_first, segment_blocks, bytes(key))
-            )
-            tier = state.hit_tiers.get(key, Tier.CPU)
-            tokens = len(segment_blocks) * geo.engine_block_size
+        first_tier: dict[int, Tier] = {}
+        for (chunk, _), key in zip(entries, keys, strict=True):
+            first_tier.setdefault(chunk, state.hit_tiers.get(key, Tier.CPU))
+        for chunk in range(first_chunk, end_chunk):
+            tier = first_tier.get(chunk, Tier.CPU)
+            tokens = min(chunk_tokens, (chunk + 1) * chunk_tokens - num_computed)
             state.load_tokens[tier] = state.load_tokens.get(tier, 0) + tokens
         job = CopyJob(
             next(self._job_ids),
@@ -187,6 +249,23 @@ class ConnectorScheduler:
         )
         state.load_job = job.job_id
         self._pending_loads.append(job)
+
+    def _segment(
+        self, block_ids: list[int], chunk: int, group: int, first_block: int, row: int, key: bytes
+    ) -> ChunkSegment | None:
+        """The copy of chunk `chunk`'s blocks of one group from block `first_block` on, less
+        the null blocks a sliding-window group holds outside its window; None: nothing left."""
+        per_chunk = self._geo.blocks_per_chunk
+        chunk_first = chunk * per_chunk
+        start = max(chunk_first, first_block)
+        ids = block_ids[start : chunk_first + per_chunk]
+        num_null = 0
+        if self._planner.window(group):  # full-attention tables hold no null blocks
+            num_null = next((i for i, b in enumerate(ids) if b != NULL_BLOCK_ID), len(ids))
+        if num_null == len(ids):
+            return None
+        start += num_null
+        return ChunkSegment(row, start - chunk_first, tuple(ids[num_null:]), key, group)
 
     def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
         """vLLM's per-source split of the external hit; it sums to the hit."""
@@ -233,7 +312,7 @@ class ConnectorScheduler:
         for data in scheduler_output.scheduled_new_reqs:
             state = self._reqs.get(data.req_id)
             if state is not None:
-                state.block_ids = list(data.block_ids[0])
+                state.block_ids = [list(ids) for ids in data.block_ids]
         cached = scheduler_output.scheduled_cached_reqs
         resumed = resumed_req_ids(cached)
         for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
@@ -241,9 +320,12 @@ class ConnectorScheduler:
             if state is None:
                 continue
             if req_id in resumed:
-                state.block_ids = list(new_block_ids[0]) if new_block_ids else []
+                state.block_ids = [list(ids) for ids in new_block_ids or ()]
             elif new_block_ids:
-                state.block_ids.extend(new_block_ids[0])
+                if not state.block_ids:
+                    state.block_ids = [[] for _ in new_block_ids]
+                for ids, new in zip(state.block_ids, new_block_ids, strict=True):
+                    ids.extend(new)
 
     def _plan_store(self, state: RequestState, num_scheduled_tokens: int) -> CopyJob | None:
         geo = self._geo
@@ -252,31 +334,69 @@ class ConnectorScheduler:
         num_chunks = min(
             num_tokens // geo.num_tokens_per_chunk,
             len(request.block_hashes) // geo.hashes_per_chunk,
-            len(state.block_ids) // geo.blocks_per_chunk,
+            min((len(ids) for ids in state.block_ids), default=0) // geo.blocks_per_chunk,
         )
         start = state.num_stored_chunks
         if num_chunks <= start:
             return None  # the common decode step: no chunk completed, nothing built
         state.num_stored_chunks = num_chunks
-        keys = self.chunk_keys(request, max(0, start - 1), num_chunks)
-        parent = keys[0] if start > 0 else None
-        new_keys = keys[1:] if start > 0 else keys
-        token_ids = request.all_token_ids[
-            start * geo.num_tokens_per_chunk : num_chunks * geo.num_tokens_per_chunk
-        ]
-        plan = self._pipeline.prepare_store(new_keys, token_ids=list(token_ids), parent_key=parent)
-        if plan is None or not plan.keys:
+        base = max(0, start - 1)  # the chunk before the new ones is their parent
+        chunk_keys = self.chunk_keys(request, base, num_chunks)  # [i]: chunk base + i
+        prompt_boundary = (request.num_prompt_tokens - 1) // geo.num_tokens_per_chunk
+        segments: list[ChunkSegment] = []
+        keys: list[BlockKey] = []
+        for g, block_ids in enumerate(state.block_ids):
+            chunks = [
+                chunk
+                for chunk in range(start, num_chunks)
+                if self._planner.is_stored(g, chunk, prompt_boundary)
+                and not (self._planner.window(g) and NULL_BLOCK_ID in block_ids[
+                    chunk * geo.blocks_per_chunk : (chunk + 1) * geo.blocks_per_chunk])
+            ]  # fmt: skip
+            for run in _runs(chunks):
+                planned = self._plan_store_run(request, chunk_keys, base, run, g, block_ids)
+                segments.extend(planned)
+                keys.extend(BlockKey(segment.key) for segment in planned)
+        if not segments:
             return None
-        chunk_of = {key: start + i for i, key in enumerate(new_keys)}
+        is_urgent = any(self._planner.window(segment.group) for segment in segments)
+        job = CopyJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments),
+                      is_urgent=is_urgent)  # fmt: skip
+        self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, tuple(keys),
+                                          self._num_workers)  # fmt: skip
+        state.store_jobs.add(job.job_id)
+        return job
+
+    def _plan_store_run(
+        self,
+        request: Request,
+        chunk_keys: list[BlockKey],
+        base: int,
+        chunks: range,
+        group: int,
+        block_ids: list[int],
+    ) -> list[ChunkSegment]:
+        """Reserve rows for one group's consecutive chunks; their copies (possibly fewer:
+        the CPU tier may have no room for all, or hold some already)."""
+        geo = self._geo
+        planner = self._planner
+        keys = [planner.key(chunk_keys[chunk - base], group) for chunk in chunks]
+        parent = (
+            planner.key(chunk_keys[chunks.start - 1 - base], group) if chunks.start > base else None
+        )
+        token_ids = request.all_token_ids[
+            chunks.start * geo.num_tokens_per_chunk : chunks.stop * geo.num_tokens_per_chunk
+        ]
+        plan = self._pipeline.prepare_store(keys, token_ids=list(token_ids), parent_key=parent)
+        if plan is None:
+            return []
+        chunk_of = dict(zip(keys, chunks, strict=True))
         segments = []
         for key, row in plan.items():
             first = chunk_of[key] * geo.blocks_per_chunk
-            blocks = tuple(state.block_ids[first : first + geo.blocks_per_chunk])
-            segments.append(ChunkSegment(row, 0, blocks, bytes(key)))
-        job = CopyJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments))
-        self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, plan.keys, self._num_workers)
-        state.store_jobs.add(job.job_id)
-        return job
+            blocks = tuple(block_ids[first : first + geo.blocks_per_chunk])
+            segments.append(ChunkSegment(row, 0, blocks, bytes(key), group))
+        return segments
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
@@ -364,7 +484,7 @@ class ConnectorScheduler:
     # -- events and state -------------------------------------------------------------------
 
     def take_events(self) -> Iterable[KVCacheEvent]:
-        return to_vllm_events(self._pipeline.take_events())
+        return to_vllm_events(self._pipeline.take_events(), self._geo.groups)
 
     def settle(self) -> None:
         """Apply finished disk work now (tests and shutdown; vLLM's calls do it otherwise)."""
@@ -395,3 +515,14 @@ class ConnectorScheduler:
             "jobs": len(self._jobs),
             "tracked_requests": len(self._reqs),
         }
+
+
+def _runs(chunks: list[int]) -> list[range]:
+    """Consecutive runs of sorted chunk indexes."""
+    runs: list[range] = []
+    for chunk in chunks:
+        if runs and runs[-1].stop == chunk:
+            runs[-1] = range(runs[-1].start, chunk + 1)
+        else:
+            runs.append(range(chunk, chunk + 1))
+    return runs

@@ -73,8 +73,9 @@ def check_config_being_built(frame: FrameType | None = None) -> None:
 
 
 def _check_model(model_config: object) -> None:
-    """Models with Mamba / linear-attention state need vLLM's hybrid KV cache manager, which
-    vLLM turns off for a connector without `SupportsHMA` (kvstore's, for now)."""
+    """Models with Mamba / linear-attention state: kvstore stores attention KV (full-attention
+    and sliding-window KV cache groups), not recurrent state, so it refuses them before any
+    weights load rather than after (`EngineGeometry` would refuse their groups)."""
     try:
         kinds = [
             kind
@@ -86,10 +87,10 @@ def _check_model(model_config: object) -> None:
     if kinds:
         raise ExtraConfigError(
             f"KVStoreConnector cannot serve {getattr(model_config, 'model', 'this model')}: it "
-            f"is a {kinds[0]} model with Mamba / linear-attention state layers, which need "
-            "vLLM's hybrid KV cache manager, and KVStoreConnector does not support it yet "
-            "(vLLM would turn it off and fail at start). Serve this model without kvstore "
-            "(README, Limits)."
+            f"is a {kinds[0]} model with Mamba / linear-attention state layers, and "
+            "KVStoreConnector stores attention KV only (full-attention and sliding-window "
+            "layers), not recurrent state, whose prefix reuse needs a state per boundary. "
+            "Serve this model without kvstore (README, Limits)."
         )
 
 

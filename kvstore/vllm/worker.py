@@ -49,7 +49,7 @@ class ConnectorWorker:
         self._config = config
         self._tp_rank = tp_rank
         self._engine: TransferEngine | None = None
-        self._view: PagedKVView | None = None
+        self._views: list[PagedKVView] = []
         self._region: CPURegion | None = None
         self._is_unregistered = False  # vLLM took the KV memory away (restore gives it back)
         self._jobs: dict[int, CopyJob] = {}  # handed to the engine, no result yet
@@ -66,33 +66,40 @@ class ConnectorWorker:
         self._layout_pending: dict[str, object] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        layers = {name: kv_caches[name] for name in self._geo.layer_names if name in kv_caches}
-        if len(layers) != len(self._geo.layer_names):
-            missing = sorted(set(self._geo.layer_names) - set(layers))
+        geo = self._geo
+        missing = sorted(set(geo.layer_names) - set(kv_caches))
+        if missing:
             raise ConfigError(f"kvstore: KV caches for layers {missing} were not registered")
-        view = PagedKVView(layers, self._geo.num_engine_blocks)
-        expected = sum(self._geo.layer_block_bytes)
-        if view.block_bytes != expected:
-            raise ConfigError(
-                f"kvstore: the engine's KV tensors hold {view.block_bytes} bytes per block, the "
-                f"KV cache spec says {expected}; this attention layout is not supported"
-            )
-        self._view = view
-        self._engine = self._new_engine(view)
+        # one view per KV cache group (a hybrid engine's groups share the KV tensors: a block
+        # id belongs to one group, whose layers' views of it hold that group's KV)
+        views = [
+            PagedKVView({name: kv_caches[name] for name in geo.group_layer_names(group)},
+                        geo.num_engine_blocks)
+            for group in range(geo.num_groups)
+        ]  # fmt: skip
+        expected = geo.slice_bytes // geo.blocks_per_chunk
+        for view in views:
+            if view.block_bytes != expected:
+                raise ConfigError(
+                    f"kvstore: the engine's KV tensors hold {view.block_bytes} bytes per block, "
+                    f"the KV cache spec says {expected}; this attention layout is not supported"
+                )
+        self._views = views
+        self._engine = self._new_engine(views)
         if self._tp_rank == 0:
-            self._layout_pending = view.chunk_layout(self._geo.blocks_per_chunk).to_dict()
+            self._layout_pending = views[0].chunk_layout(geo.blocks_per_chunk).to_dict()
         logger.debug(  # the scheduler's start-up line is the one the user reads
-            "kvstore worker rank %d: %d layers, %d bytes per chunk slice on %s",
-            self._tp_rank, len(layers), self._geo.slice_bytes, view.device,
+            "kvstore worker rank %d: %d layers in %d group(s), %d bytes per chunk slice on %s",
+            self._tp_rank, len(geo.layer_names), len(views), geo.slice_bytes, views[0].device,
         )  # fmt: skip
 
-    def _new_engine(self, view: PagedKVView) -> TransferEngine:
+    def _new_engine(self, views: Sequence[PagedKVView]) -> TransferEngine:
         slice_bytes = self._geo.slice_bytes
         return TransferEngine(
-            view,
+            views,
             self._attach_region,
             SliceSpec(offset_bytes=self._tp_rank * slice_bytes, size_bytes=slice_bytes),
-            device=view.device,
+            device=views[0].device,
             budget=StepBudget(
                 load_bytes=self._config.step_copy_budget_bytes,
                 store_bytes=self._config.step_copy_budget_bytes,
@@ -136,8 +143,8 @@ class ConnectorWorker:
         if not self._is_unregistered:
             return
         self._is_unregistered = False
-        if self._view is not None:
-            self._engine = self._new_engine(self._view)
+        if self._views:
+            self._engine = self._new_engine(self._views)
 
     def _fail_jobs(self, jobs: Sequence[CopyJob]) -> None:
         for job in jobs:

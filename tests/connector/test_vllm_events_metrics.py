@@ -19,8 +19,9 @@ from vllm.distributed.kv_events import (
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 from kvstore.events import ChunkRemoved, ChunkStored
-from kvstore.keys import BlockKey, Tier
+from kvstore.keys import BlockKey, Tier, group_key
 from kvstore.vllm.events import to_vllm_events
+from kvstore.vllm.geometry import FULL, SLIDING, KVGroup
 from kvstore.vllm.vllm_metrics import KVStoreConnectorStats, KVStorePromMetrics, StepCounters
 
 from .vllm_loop import vllm_config
@@ -49,6 +50,38 @@ def test_events_are_vllms_and_survive_its_wire_format() -> None:
     wire = msgspec.msgpack.encode(KVEventBatch(ts=4.0, events=events))
     decoded = msgspec.msgpack.decode(wire, type=KVEventBatch)
     assert decoded.events == events
+
+
+def test_a_hybrid_engines_events_carry_vllms_block_hash_and_the_group() -> None:
+    groups = (
+        KVGroup(0, SLIDING, 64, ("l0",), "sliding_window"),
+        KVGroup(1, FULL, 0, ("l1",), "full_attention"),
+    )
+    full = [group_key(key, 1, 2) for key in KEYS]
+    sliding = group_key(KEYS[1], 0, 2)
+    events = to_vllm_events(
+        [
+            # a disk write batch may mix groups: one event per run of one group's entries
+            ChunkStored(Tier.DISK, (*full, sliding), 16, 1.0, token_ids=tuple(range(48))),
+            ChunkStored(Tier.CPU, (sliding,), 16, 2.0, parent_key=group_key(KEYS[0], 0, 2)),
+            ChunkRemoved(Tier.CPU, (full[0], sliding), 3.0),
+        ],
+        groups,
+    )
+    hashes = [maybe_convert_block_hash(key) for key in KEYS]
+    stored_full, stored_sliding, on_cpu, removed_full, removed_sliding = events
+    assert isinstance(stored_full, BlockStored) and isinstance(stored_sliding, BlockStored)
+    assert stored_full.block_hashes == hashes and stored_sliding.block_hashes == hashes[1:]
+    assert (stored_full.group_idx, stored_full.kv_cache_spec_kind) == (1, "full_attention")
+    assert stored_full.kv_cache_spec_sliding_window is None
+    assert (stored_sliding.group_idx, stored_sliding.kv_cache_spec_sliding_window) == (0, 64)
+    assert stored_full.token_ids == list(range(32)) and stored_sliding.token_ids == list(
+        range(32, 48)
+    )
+    assert isinstance(on_cpu, BlockStored) and on_cpu.parent_block_hash == hashes[0]
+    assert isinstance(removed_full, BlockRemoved) and removed_full.block_hashes == hashes[:1]
+    assert isinstance(removed_sliding, BlockRemoved)
+    assert removed_sliding.block_hashes == hashes[1:]
 
 
 def test_step_counters_reach_vllms_prometheus_metrics(

@@ -100,13 +100,16 @@ def test_the_check_catches_a_resume_that_extends_the_old_block_table(
     follow = ConnectorScheduler._update_block_ids
 
     def append_on_resume(self: ConnectorScheduler, output: Any) -> None:
-        old = {req_id: list(state.block_ids) for req_id, state in self._reqs.items()}
+        old = {req_id: [list(ids) for ids in state.block_ids]
+               for req_id, state in self._reqs.items()}  # fmt: skip
         follow(self, output)
         resumed = {data.req_id for data in output.scheduled_new_reqs}
         resumed |= set(resumed_req_ids(output.scheduled_cached_reqs))
         for req_id in resumed & set(old):
             if old[req_id]:
-                self._reqs[req_id].block_ids = old[req_id] + self._reqs[req_id].block_ids
+                state = self._reqs[req_id]
+                new = state.block_ids or [[] for _ in old[req_id]]
+                state.block_ids = [o + n for o, n in zip(old[req_id], new, strict=True)]
 
     monkeypatch.setattr(ConnectorScheduler, "_update_block_ids", append_on_resume)
     loop = make_loop(tiny_model_dir, tmp_path, monkeypatch, num_blocks=7)

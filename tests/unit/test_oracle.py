@@ -147,10 +147,14 @@ class _Cache:
     block_size: int = 32
     scheduler: _Scheduler = field(default_factory=_Scheduler)
     reads: list[int] = field(default_factory=list)
+    num_groups: int = 1
 
-    def read(self, block_id: int) -> tuple[torch.Tensor, ...]:
+    def read(self, block_id: int, group: int = 0) -> tuple[torch.Tensor, ...]:
         self.reads.append(block_id)
         return (torch.full((2,), float(block_id)),)
+
+    def name(self, block_hash: bytes, group: int) -> bytes:
+        return block_hash
 
 
 def _load(probe: LoadProbe, cache: Any, request: _Request, local: int, external: int,
