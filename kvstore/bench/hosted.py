@@ -53,22 +53,8 @@ class HostedLLM:
         self._child.close()
 
 
-def _reset_prefix_cache(llm: Any, timeout_s: float = 10.0) -> bool:
-    """vLLM resets only while no block is in use. An engine with a connector that stores
-    asynchronously keeps a finished request's blocks until the workers report its stores done,
-    which they do at a later step; `LLM.generate` returned without taking one, so take those
-    steps here, as a serving loop would."""
-    deadline = time.monotonic() + timeout_s
-    while not llm.reset_prefix_cache():
-        if time.monotonic() > deadline:
-            return False
-        llm.llm_engine.step()
-        time.sleep(0.005)
-    return True
-
-
 def _serve(llm: Any) -> None:
-    from kvstore.vllm.engine import generate_greedy
+    from kvstore.vllm.engine import generate_greedy, reset_prefix_cache
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -78,7 +64,7 @@ def _serve(llm: Any) -> None:
             generate_greedy(llm, request["prompts"], max_tokens=int(request["max_tokens"]))
             answer = {"seconds": time.perf_counter() - start}
         elif request["op"] == "reset_prefix_cache":
-            answer = {"ok": _reset_prefix_cache(llm)}
+            answer = {"ok": reset_prefix_cache(llm)}
         else:
             answer = {"error": f"unknown op {request['op']!r}"}
         print(json.dumps(answer), flush=True)

@@ -87,6 +87,12 @@ def _ttft_s(llm: Any, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def reset_prefix_cache(llm: Any) -> bool:
+    from kvstore.vllm.engine import reset_prefix_cache
+
+    return reset_prefix_cache(llm)
+
+
 def _summary(llm: Any) -> dict[str, Any]:
     from kvstore.vllm.engine import drain, scheduler_connector
 
@@ -121,7 +127,8 @@ def measure(
             result.stored_bytes.append(
                 int(after["bytes"]["engine_to_cpu"] - before["bytes"]["engine_to_cpu"])
             )
-            assert llm.reset_prefix_cache()
+            if not reset_prefix_cache(llm):
+                raise RuntimeError("vLLM refused to reset its prefix cache")
             times["kvstore_cpu"].append(_ttft_s(llm, prompt))
             served = _summary(llm)["tiers"]["cpu"]["hit_tokens"] - after["tiers"]["cpu"][
                 "hit_tokens"

@@ -27,6 +27,7 @@ __all__ = [
     "generate_runs",
     "greedy_runs",
     "kv_transfer_config",
+    "reset_prefix_cache",
     "scheduler_connector",
 ]
 
@@ -154,6 +155,20 @@ def greedy_runs(outputs: Sequence[Any]) -> list[GreedyRun]:
             gaps.append(top[0] - top[1] if len(top) > 1 else float("inf"))
         runs.append(GreedyRun(tuple(completion.token_ids), tuple(gaps)))
     return runs
+
+
+def reset_prefix_cache(llm: Any, timeout_s: float = 10.0) -> bool:
+    """vLLM resets only while no block is in use. An engine with a connector that stores
+    asynchronously keeps a finished request's blocks until the workers report its stores done,
+    which they do at a later step; `LLM.generate` returned without taking one, so take those
+    steps here, as a serving loop would."""
+    deadline = time.monotonic() + timeout_s
+    while not llm.reset_prefix_cache():
+        if time.monotonic() > deadline:
+            return False
+        llm.llm_engine.step()
+        time.sleep(0.005)
+    return True
 
 
 def drain(llm: Any, timeout_s: float = 30.0) -> None:

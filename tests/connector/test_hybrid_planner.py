@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvstore.keys import BlockKey, group_key, split_group_key
@@ -91,3 +93,39 @@ def test_group_keys_keep_groups_apart_and_leave_one_group_engines_as_they_were(s
     assert [split_group_key(group_key(key, g, 4)) for g in range(4)] == [(key, g) for g in range(4)]
     with pytest.raises(ValueError, match="group 256"):
         group_key(key, 256, 300)
+
+
+def test_an_engine_with_groups_kvstore_cannot_store_is_refused_naming_them() -> None:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    from kvstore.errors import ConfigError
+    from kvstore.vllm.geometry import _kv_groups
+
+    shape: dict[str, Any] = {"num_kv_heads": 2, "head_size": 32, "dtype": torch.float32}
+    full = KVCacheGroupSpec(["model.layers.1.attn"], FullAttentionSpec(block_size=32, **shape))
+    sliding = KVCacheGroupSpec(
+        ["model.layers.0.attn"], SlidingWindowSpec(block_size=32, sliding_window=64, **shape)
+    )
+    groups = _kv_groups([sliding, full])
+    assert [(g.kind, g.window_tokens, g.layer_names) for g in groups] == [
+        (SLIDING, 64, ("model.layers.0.attn",)),
+        (FULL, 0, ("model.layers.1.attn",)),
+    ]
+    chunked = KVCacheGroupSpec(
+        ["model.layers.2.attn"],
+        ChunkedLocalAttentionSpec(block_size=32, attention_chunk_size=128, **shape),
+    )
+    with pytest.raises(ConfigError, match=r"group 1 \(model.layers.2.attn.*ChunkedLocalAttention"):
+        _kv_groups([full, chunked])
+    wide = KVCacheGroupSpec(
+        ["model.layers.3.attn"],
+        FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=32, dtype=torch.float32),
+    )
+    with pytest.raises(ConfigError, match="same block size and bytes per block"):
+        _kv_groups([sliding, wide])
