@@ -24,6 +24,7 @@ CALLED_BY_NAME = {
     "build_kv_connector_stats",
     "build_prom_metrics",
     "has_pending_push_work",
+    "request_finished_all_groups",  # SupportsHMA
     "aggregate",
     "reset",
     "reduce",
