@@ -91,8 +91,9 @@ class KVStoreConfig:
     remote_queue_chunks: int = 256
     remote_write: bool = True
     # Hybrid models (vLLM's hybrid KV cache manager on): a sliding-window group's chunks are
-    # kept for hits at the end of each prompt's full chunks and at every multiple of this many
-    # tokens (rounded down to whole chunks; 0: prompt ends only). See kvstore.vllm.hybrid.
+    # kept for hits at the end of each prompt's and each answer's full chunks and at every
+    # multiple of this many tokens (rounded down to whole chunks; 0: those ends only). See
+    # kvstore.vllm.hybrid.
     hybrid_retention_tokens: int = 1024
 
     @property

@@ -1,7 +1,7 @@
 """Time to first token of a long repeated prompt: recomputed vs. loaded from kvstore's tiers.
 
     kvstore bench connector [--tokens 2048 8192] [--repeats 5] [--layouts multiproc inproc]
-                            [--reserved-cpus 1] [--check] [--plot PNG] [--json F]
+                            [--reserved-cpus 1] [--check] [--hybrid] [--plot PNG] [--json F]
 
 The real vLLM CPU engine on an 8-layer random Llama (16 KiB of KV per token), two engines side
 by side, one without any KV connector and one with kvstore, in each layout: `multiproc` (vLLM's
@@ -21,7 +21,9 @@ the report): the same core layout. For the same prompt, repeated and interleaved
 - kvstore_disk_cold: after a restart of the kvstore engine with the store file dropped from the
   page cache (`posix_fadvise`), as a freshly restarted server meets it;
 - throughput: a batch of unique prompts (no hits) with kvstore on vs off: what kvstore costs an
-  engine that gains nothing (`kvstore bench nohit` measures that in depth).
+  engine that gains nothing (`kvstore bench nohit` measures that in depth);
+- with `--hybrid`, then a hybrid model's rows (`kvstore bench hybrid`): bytes stored per prompt
+  and CPU hit vs floor, with vLLM's hybrid KV cache manager on and off.
 
 Every timed hit is checked against kvstore's metrics: each row's whole hit (every full chunk
 but the one holding the last token) came from the tier it is named for, and none from another.
@@ -317,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=["multiproc", "inproc"])  # fmt: skip
     parser.add_argument("--reserved-cpus", type=int, default=1,
                         help="VLLM_CPU_NUM_OF_RESERVED_CPU of both engines")  # fmt: skip
+    parser.add_argument("--hybrid", action="store_true",
+                        help="then the hybrid-model rows (`kvstore bench hybrid`, the first size, "
+                        "in-process)")  # fmt: skip
     args = parser.parse_args(argv)
     layouts = ["multiproc"] if args.check else args.layouts
     tokens = [2048] if args.check else args.tokens
@@ -348,6 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(sizes, args.plot)
     ok, message = gate(sizes[0])
     print(message)
+    if args.hybrid:
+        from kvstore.bench import hybrid
+
+        hybrid.main(["--tokens", str(tokens[0]), "--repeats", str(args.repeats)])
     return 0 if ok or not args.check else 1
 
 

@@ -78,12 +78,10 @@ def _engine(model: Path, num_tokens: int, is_hma_off: bool, kvstore: dict[str, A
 
 
 def _ttft_s(llm: Any, prompt: list[int]) -> float:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+    from kvstore.vllm.engine import generate_greedy
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    generate_greedy(llm, [prompt], max_tokens=1)
     return time.perf_counter() - start
 
 

@@ -133,11 +133,14 @@ class LoadCostModel:
 
     # -- what it expects ----------------------------------------------------------------------
 
-    def recompute_s(self, num_chunks: int) -> float | None:
-        """Expected time to compute `num_chunks` chunks' tokens (None: not measured)."""
+    def recompute_s(self, num_chunks: int, *, num_tokens: int | None = None) -> float | None:
+        """Expected time to compute `num_chunks` chunks' tokens, or `num_tokens` when given
+        (a hybrid engine's entries are one KV cache group's share of a chunk: several stand
+        for the same tokens) (None: not measured)."""
         if not self._s_per_token.known(self._clock(), self.stale_s):
             return None
-        return num_chunks * self.tokens_per_chunk * self._s_per_token.value
+        tokens = num_chunks * self.tokens_per_chunk if num_tokens is None else num_tokens
+        return tokens * self._s_per_token.value
 
     def load_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
         """Expected time to bring `num_chunks` chunks from `tier` into CPU rows (None: not
@@ -153,11 +156,14 @@ class LoadCostModel:
             latency = round_trips * link.latency_s.value
         return latency + num_chunks * self.chunk_bytes * link.s_per_byte.value
 
-    def decide(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
+    def decide(
+        self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
+    ) -> bool:
         """Whether loading `num_chunks` chunks from `tier` is expected to pay (not counted);
         True when either side is not measured (yet, or lately). A link whose time per byte is
-        not known yet but whose round trips alone outlast the recompute does not pay."""
-        recompute = self.recompute_s(num_chunks)
+        not known yet but whose round trips alone outlast the recompute does not pay.
+        `num_tokens`: the tokens the load saves computing, when not `num_chunks` chunks'."""
+        recompute = self.recompute_s(num_chunks, num_tokens=num_tokens)
         if recompute is None:
             return True
         load = self.load_s(tier, num_chunks, round_trips=round_trips)
@@ -172,12 +178,14 @@ class LoadCostModel:
             return None
         return round_trips * latency.value
 
-    def wait_budget_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
+    def wait_budget_s(
+        self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
+    ) -> float | None:
         """How long a requester may wait for a load of `num_chunks` chunks from `tier` before
         it recomputes instead (None: no limit, the recompute is not measured): twice the
         expected load, at least `EXPLORE_FRACTION` and at most `margin` x the recompute; the
-        least when the link is not measured."""
-        recompute = self.recompute_s(num_chunks)
+        least when the link is not measured. `num_tokens` as in `decide`."""
+        recompute = self.recompute_s(num_chunks, num_tokens=num_tokens)
         if recompute is None:
             return None
         least = EXPLORE_FRACTION * recompute
@@ -190,9 +198,11 @@ class LoadCostModel:
         """The model's clock (monotonic seconds)."""
         return self._clock()
 
-    def pays(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> bool:
+    def pays(
+        self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
+    ) -> bool:
         """`decide`, counted."""
-        decision = self.decide(tier, num_chunks, round_trips=round_trips)
+        decision = self.decide(tier, num_chunks, round_trips=round_trips, num_tokens=num_tokens)
         self.record(tier, is_load=decision)
         return decision
 

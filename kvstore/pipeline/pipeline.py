@@ -119,6 +119,10 @@ class TierPipeline:
     def index(self) -> TierIndex:
         return self._index
 
+    @property
+    def has_remote(self) -> bool:
+        return self._remote is not None
+
     def add_observer(self, observer: PipelineObserver) -> None:
         self._observers.add(observer)
 
@@ -133,6 +137,8 @@ class TierPipeline:
         may_wait: bool = True,
         token_counts: Sequence[int] | None = None,
         num_asked_chunks: int | None = None,
+        remote_tokens: int | None = None,
+        is_final: bool = True,
     ) -> LookupAnswer:
         """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
         promoted first: the answer waits up to `promotion_wait_s` for them to land (a fast
@@ -142,7 +148,9 @@ class TierPipeline:
         `release`; a CPU-only hit is not held (one evicted before its load is `missing` there,
         and recomputed). Hit accounting: each key stands for a chunk of tokens and the lookup
         for `len(keys)` chunks, unless `token_counts` (tokens per key) and `num_asked_chunks`
-        say otherwise (a hybrid engine's keys are per group: several per chunk, or none)."""
+        say otherwise (a hybrid engine's keys are per group: several per chunk, or none);
+        `remote_tokens`: the tokens a remote hit of the rest would save computing. Not
+        `is_final`: a partial answer is not counted (the requester asks for other keys next)."""
         self.poll()
         state = self._owners.setdefault(owner, _Owner())
         if state.promoting:
@@ -153,40 +161,50 @@ class TierPipeline:
             return _PENDING  # another requester is promoting the rest of this prefix
         num_hits = result.num_hits
         if result.num_disk_hits:
-            if self._promotion_pays(result.tiers) and self._start_promotion(
+            if self._promotion_pays(result.tiers, token_counts) and self._start_promotion(
                 owner, state, result.keys
             ):
                 if may_wait and self._await_promotion(state, result.num_disk_hits):
                     return self.prepare_lookup(
                         owner, keys, skip_tokens=skip_tokens, may_wait=False,
                         token_counts=token_counts, num_asked_chunks=num_asked_chunks,
+                        remote_tokens=remote_tokens, is_final=is_final,
                     )  # fmt: skip
                 return _PENDING
             num_hits = _leading(result.tiers, Tier.CPU)
-        elif self._remote is not None and self._remote.extend(owner, keys, num_hits):
+        elif self._remote is not None and self._remote.extend(
+            owner, keys, num_hits, num_tokens=remote_tokens
+        ):
             return _PENDING
         fetched = self._remote.held_keys(owner) if self._remote is not None else set()
         tiers = tuple(
             Tier.REMOTE if key in fetched else state.sources.get(key, Tier.CPU)
             for key in keys[:num_hits]
         )
-        self._record_lookup(
-            state,
-            len(keys) if num_asked_chunks is None else num_asked_chunks,
-            skip_tokens,
-            tiers,
-            token_counts,
-        )
+        if is_final or len(tiers) == len(keys):
+            self._record_lookup(
+                state,
+                len(keys) if num_asked_chunks is None else num_asked_chunks,
+                skip_tokens,
+                tiers,
+                token_counts,
+            )
         if not tiers:
             self._release_holds(state)
         self._pump_events()
         return LookupAnswer(tiers)
 
-    def _promotion_pays(self, tiers: Sequence[Tier]) -> bool:
-        """Whether reading the hit's disk-only chunks beats recomputing them (`load_policy`)."""
+    def _promotion_pays(
+        self, tiers: Sequence[Tier], token_counts: Sequence[int] | None = None
+    ) -> bool:
+        """Whether reading the hit's disk-only chunks beats recomputing them (`load_policy`).
+        With `token_counts` (a hybrid engine, whose hit is whole or nothing) the read is
+        weighed against recomputing the whole hit."""
         if self._cost is None:
             return True
-        return self._cost.pays(Tier.DISK, sum(1 for tier in tiers if tier is Tier.DISK))
+        num_disk = sum(1 for tier in tiers if tier is Tier.DISK)
+        num_tokens = None if token_counts is None else sum(token_counts[: len(tiers)])
+        return self._cost.pays(Tier.DISK, num_disk, num_tokens=num_tokens)
 
     def _await_promotion(self, state: _Owner, num_chunks: int) -> bool:
         """Wait (without the GIL) up to `promotion_wait_s` for `state`'s promotion to land;

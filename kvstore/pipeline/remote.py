@@ -94,9 +94,17 @@ class RemoteSteps:
 
     # -- lookups ----------------------------------------------------------------------------
 
-    def extend(self, owner: str, keys: Sequence[BlockKey], num_local: int) -> bool:
+    def extend(
+        self,
+        owner: str,
+        keys: Sequence[BlockKey],
+        num_local: int,
+        *,
+        num_tokens: int | None = None,
+    ) -> bool:
         """Try to serve `keys[num_local:]` from the remote tier; True = pending (ask again).
-        `keys[:num_local]` are ready in CPU."""
+        `keys[:num_local]` are ready in CPU. `num_tokens`: the tokens a remote hit saves
+        computing, when not a chunk's per key (the load cost model weighs them)."""
         state = self._lookups.setdefault(owner, RemoteLookup())
         if state.has_given_up:
             return False
@@ -106,25 +114,36 @@ class RemoteSteps:
         if not rest:
             return False
         if rest[0] not in state.found:
-            if not self._may_pay(len(rest)):
+            if not self._may_pay(len(rest), num_tokens):
                 return False  # even if Redis held all of it, recomputing is faster
-            self._start_clock(state, len(rest), round_trips=2)
+            self._start_clock(state, len(rest), round_trips=2, num_tokens=num_tokens)
             state.is_probing = True
             self._io.submit_probe(rest, owner)
             return True
         num_found = _leading_found(rest, state.found)
         if num_found == 0:
             return False
-        if self._cost is not None and not self._cost.pays(Tier.REMOTE, num_found):
+        if self._cost is not None and not self._cost.pays(
+            Tier.REMOTE, num_found, num_tokens=num_tokens
+        ):
             return False
-        self._start_clock(state, num_found, round_trips=1)
+        self._start_clock(state, num_found, round_trips=1, num_tokens=num_tokens)
         return self._fetch(owner, state, keys[:num_local], rest[:num_found])
 
-    def _start_clock(self, state: RemoteLookup, num_chunks: int, *, round_trips: int) -> None:
+    def _start_clock(
+        self,
+        state: RemoteLookup,
+        num_chunks: int,
+        *,
+        round_trips: int,
+        num_tokens: int | None = None,
+    ) -> None:
         """The requester's deadline, from its first remote request on (probe and fetch)."""
         if self._cost is None or state.deadline_s is not None:
             return
-        budget_s = self._cost.wait_budget_s(Tier.REMOTE, num_chunks, round_trips=round_trips)
+        budget_s = self._cost.wait_budget_s(
+            Tier.REMOTE, num_chunks, round_trips=round_trips, num_tokens=num_tokens
+        )
         if budget_s is not None:
             state.deadline_s = self._cost.now() + budget_s
 
@@ -138,11 +157,13 @@ class RemoteSteps:
         logger.debug("kvstore: a remote load ran past its budget; recomputed instead")
         return True
 
-    def _may_pay(self, num_chunks: int) -> bool:
+    def _may_pay(self, num_chunks: int, num_tokens: int | None = None) -> bool:
         """Before a probe: whether a probe and a fetch of all `num_chunks` could pay (a slow or
         distant Redis is decided against before a request waits on it; counted when not)."""
         cost = self._cost
-        if cost is None or cost.decide(Tier.REMOTE, num_chunks, round_trips=2):
+        if cost is None or cost.decide(
+            Tier.REMOTE, num_chunks, round_trips=2, num_tokens=num_tokens
+        ):
             return True
         cost.record(Tier.REMOTE, is_load=False)
         return False

@@ -253,7 +253,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[bool, dict[str, Any] | None]:
         """vLLM's call with the hybrid manager on (every engine: kvstore declares SupportsHMA);
         the blocks of every group stay alive until the request's stores are done."""
-        return self.scheduler.request_finished(request)
+        return self.scheduler.request_finished(request, block_ids)
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         return self.scheduler.take_events()

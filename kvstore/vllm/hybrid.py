@@ -7,9 +7,10 @@ group's share of a chunk as its own entry (`kvstore.keys.group_key`):
 - a sliding-window group needs, for a hit at chunk boundary `n`, only the chunks within its
   window before `n` (the token computed next attends no further back). It stores those chunks
   for the boundaries a later request is likely to hit: the end of the prompt's full chunks
-  (a repeated prompt, a conversation's next turn) and every `retention_chunks` chunks (a shared
-  prefix of any length hits at the last such boundary inside it). Every other sliding-window
-  chunk is KV no later request reads, and is not stored.
+  (a repeated prompt), every `retention_chunks` chunks (a shared prefix of any length hits at
+  the last such boundary inside it), and, when the request ends, the end of its answer (a
+  conversation's next turn: `ConnectorScheduler.request_finished`). Every other
+  sliding-window chunk is KV no later request reads, and is not stored.
 A lookup answers the longest boundary at which every group has what it needs.
 """
 
@@ -74,18 +75,26 @@ class HybridPlanner:
     def longest_hit(self, start: int, stop: int, has: Callable[[int, int], bool]) -> int:
         """The largest boundary `n` in `(start, stop]` at which every group has what it needs
         (`has(chunk, group)`), or `start` when there is none. Full-attention groups bound it
-        by their contiguous run; sliding-window ones are then checked boundary by boundary."""
-        full = [g for g in range(len(self.groups)) if self.window(g) == 0]
+        by their contiguous run; each sliding-window group then by the run of chunks it has
+        ending before each boundary (one pass per group: O(chunks x groups) calls of `has`,
+        whatever the window)."""
+        groups = range(len(self.groups))
         end = start
+        full = [g for g in groups if self.window(g) == 0]
         while end < stop and all(has(end, g) for g in full):
             end += 1
-        sliding = [g for g in range(len(self.groups)) if self.window(g) > 0]
+        is_served = [True] * (end - start + 1)  # [n - start]: boundary n
+        for g in groups:
+            window = self.window(g)
+            if window == 0:
+                continue
+            run = 0  # chunks it has, ending at the chunk before the boundary
+            for boundary in range(start + 1, end + 1):
+                run = run + 1 if has(boundary - 1, g) else 0
+                if run < min(window, boundary - start):
+                    is_served[boundary - start] = False
         for boundary in range(end, start, -1):
-            if all(
-                has(chunk, g)
-                for g in sliding
-                for chunk in range(max(start, boundary - self.window(g)), boundary)
-            ):
+            if is_served[boundary - start]:
                 return boundary
         return start
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvstore.index.table import READY
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import TransferStats
 from kvstore.pipeline import TierPipeline
@@ -26,6 +25,7 @@ from kvstore.vllm.compat import resumed_req_ids
 from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import FULL, EngineGeometry, KVGroup
 from kvstore.vllm.hybrid import NULL_BLOCK_ID, GroupChunk, HybridPlanner
+from kvstore.vllm.hybrid_lookup import HybridLookups
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from kvstore.vllm.requests import JobState, RequestState
 from kvstore.vllm.vllm_metrics import StepCounters
@@ -74,6 +74,7 @@ class ConnectorScheduler:
             geometry.num_tokens_per_chunk,
             retention_tokens // geometry.num_tokens_per_chunk,
         )
+        self._hybrid = HybridLookups(self._planner, pipeline) if geometry.is_hybrid else None
         self._pipeline = pipeline
         self._metrics = metrics
         self._num_workers = num_workers
@@ -84,6 +85,7 @@ class ConnectorScheduler:
         self._jobs: dict[int, JobState] = {}
         self._job_ids = itertools.count(1)
         self._pending_loads: list[CopyJob] = []
+        self._pending_stores: list[CopyJob] = []  # planned outside a step (request ends)
         self._pending_finished: list[str] = []
         self._step_ids = itertools.count(1)
         self._timed: dict[int, tuple[float, int]] = {}  # step id -> (scheduled at, tokens)
@@ -138,52 +140,33 @@ class ConnectorScheduler:
             state.is_engine_hit_recorded = True
             self._pipeline.record_engine_hit(self._all_groups(self.chunk_keys(request, 0, start)))
         skip_tokens = num_computed_tokens - start * chunk_tokens
-        if self._geo.is_hybrid:
-            entries, wanted, boundary = self._hybrid_wanted(request, start, max_chunks)
-            token_counts = self._planner.tokens_of(entries, start, boundary)
+        if max_chunks <= start:
+            return 0, False
+        if self._hybrid is not None:
+            found = self._hybrid.lookup(
+                state.req_id, self.chunk_keys(request, start, max_chunks), start,
+                skip_tokens=skip_tokens,
+            )  # fmt: skip
+            if found.is_pending:
+                return None, False
+            entries, wanted, tiers = list(found.entries), list(found.keys), found.tiers
         else:
             wanted = self.chunk_keys(request, start, max_chunks)
             entries = [(start + i, 0) for i in range(len(wanted))]
-            token_counts = None
-        if not wanted:
-            return 0, False
-        answer = self._pipeline.prepare_lookup(
-            state.req_id, wanted, skip_tokens=skip_tokens, token_counts=token_counts,
-            num_asked_chunks=max_chunks - start,
-        )  # fmt: skip
-        if answer.is_pending:
-            return None, False
-        num_hits = answer.num_hits
-        if self._geo.is_hybrid and num_hits < len(wanted):
-            num_hits = 0  # a part of a boundary's windows is no hit at all
-            self._pipeline.release(state.req_id)
+            answer = self._pipeline.prepare_lookup(state.req_id, wanted, skip_tokens=skip_tokens)
+            if answer.is_pending:
+                return None, False
+            tiers = answer.tiers
+        num_hits = len(tiers)
         end_chunk = entries[num_hits - 1][0] + 1 if num_hits else start
         num_hit_tokens = end_chunk * chunk_tokens - num_computed_tokens
         if num_hit_tokens <= 0:
             return 0, False
         state.num_computed_at_lookup = num_computed_tokens
-        state.hit_tiers = dict(zip(wanted, answer.tiers, strict=False))
+        state.hit_tiers = dict(zip(wanted, tiers, strict=False))
         state.hit_entries = entries[:num_hits]
         state.is_sync_load = self._take_sync_budget(num_hits)
         return num_hit_tokens, not state.is_sync_load
-
-    def _hybrid_wanted(
-        self, request: Request, start: int, stop: int
-    ) -> tuple[list[GroupChunk], list[BlockKey], int]:
-        """A hybrid engine's lookup: the longest boundary in `(start, stop]` at which every
-        group's entries are in CPU or on disk, those entries and their keys
-        (`kvstore.vllm.hybrid`). The remote tier is not asked (README, Limits)."""
-        keys = self.chunk_keys(request, start, stop)  # keys[i]: chunk start + i
-        index = self._pipeline.index
-        planner = self._planner
-
-        def has(chunk: int, group: int) -> bool:
-            key = planner.key(keys[chunk - start], group)
-            return READY in (index.state_of(Tier.CPU, key), index.state_of(Tier.DISK, key))
-
-        boundary = planner.longest_hit(start, start + len(keys), has)
-        entries = planner.needed(boundary, start)
-        return entries, [planner.key(keys[chunk - start], g) for chunk, g in entries], boundary
 
     def _take_sync_budget(self, num_chunks: int) -> bool:
         """Whether a CPU-resident hit of `num_chunks` loads in the step that schedules it
@@ -303,6 +286,8 @@ class ConnectorScheduler:
                 job = self._plan_store(state, num_tokens)
                 if job is not None:
                     meta.store_jobs.append(job)
+        meta.store_jobs.extend(self._pending_stores)
+        self._pending_stores = []
         meta.finished_store_reqs, self._pending_finished = self._pending_finished, []
         return meta
 
@@ -340,21 +325,38 @@ class ConnectorScheduler:
         if num_chunks <= start:
             return None  # the common decode step: no chunk completed, nothing built
         state.num_stored_chunks = num_chunks
-        base = max(0, start - 1)  # the chunk before the new ones is their parent
-        chunk_keys = self.chunk_keys(request, base, num_chunks)  # [i]: chunk base + i
         prompt_boundary = (request.num_prompt_tokens - 1) // geo.num_tokens_per_chunk
-        segments: list[ChunkSegment] = []
-        keys: list[BlockKey] = []
-        for g, block_ids in enumerate(state.block_ids):
-            chunks = [
+        chunks_by_group = {
+            g: [
                 chunk
                 for chunk in range(start, num_chunks)
                 if self._planner.is_stored(g, chunk, prompt_boundary)
-                and not (self._planner.window(g) and NULL_BLOCK_ID in block_ids[
-                    chunk * geo.blocks_per_chunk : (chunk + 1) * geo.blocks_per_chunk])
-            ]  # fmt: skip
-            for run in _runs(chunks):
-                planned = self._plan_store_run(request, chunk_keys, base, run, g, block_ids)
+                and not (self._planner.window(g) and _has_null(block_ids, chunk, geo))
+            ]
+            for g, block_ids in enumerate(state.block_ids)
+        }
+        return self._store_job(state, chunks_by_group, state.block_ids)
+
+    def _store_job(
+        self,
+        state: RequestState,
+        chunks_by_group: dict[int, list[int]],
+        block_ids: Sequence[list[int]],
+    ) -> CopyJob | None:
+        """One copy job for the given chunks of each group (rows reserved; None: nothing to
+        copy, no room, or all of them in CPU already)."""
+        chunks = [c for group_chunks in chunks_by_group.values() for c in group_chunks]
+        if not chunks:
+            return None
+        base = max(0, min(chunks) - 1)  # the chunk before the first is its parent
+        chunk_keys = self.chunk_keys(state.request, base, max(chunks) + 1)  # [i]: base + i
+        segments: list[ChunkSegment] = []
+        keys: list[BlockKey] = []
+        for g, group_chunks in chunks_by_group.items():
+            for run in _runs(group_chunks):
+                planned = self._plan_store_run(
+                    state.request, chunk_keys, base, run, g, block_ids[g]
+                )
                 segments.extend(planned)
                 keys.extend(BlockKey(segment.key) for segment in planned)
         if not segments:
@@ -366,6 +368,32 @@ class ConnectorScheduler:
                                           self._num_workers)  # fmt: skip
         state.store_jobs.add(job.job_id)
         return job
+
+    def _finish_windows(self, state: RequestState, block_ids: Sequence[list[int]]) -> None:
+        """A hybrid request ends: its sliding-window groups keep the window before its last
+        full chunk (what a conversation's next turn hits), from the blocks vLLM holds for it
+        now (`block_ids`: null outside each window). Copied at the next step; vLLM keeps the
+        blocks until then (`request_finished` answers True)."""
+        geo = self._geo
+        boundary = state.num_stored_chunks
+        prompt_boundary = (state.request.num_prompt_tokens - 1) // geo.num_tokens_per_chunk
+        if boundary <= prompt_boundary or len(block_ids) != geo.num_groups:
+            return  # nothing computed past the prompt's own windows
+        chunks_by_group = {}
+        for g, ids in enumerate(block_ids):
+            window = self._planner.window(g)
+            if window == 0:
+                continue
+            chunks_by_group[g] = [
+                chunk
+                for chunk in range(max(0, boundary - window), boundary)
+                if not self._planner.is_stored(g, chunk, prompt_boundary)
+                and len(ids) >= (chunk + 1) * geo.blocks_per_chunk
+                and not _has_null(ids, chunk, geo)
+            ]
+        job = self._store_job(state, chunks_by_group, [list(ids) for ids in block_ids])
+        if job is not None:
+            self._pending_stores.append(job)
 
     def _plan_store_run(
         self,
@@ -467,12 +495,19 @@ class ConnectorScheduler:
         if is_done and state is not None and not state.is_waiting_for_stores:
             del self._reqs[job.req_id]
 
-    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: Sequence[list[int]] | None = None
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """`block_ids`: vLLM's blocks of the request per KV cache group, now (hybrid)."""
         self._pipeline.forget(request.request_id)
+        if self._hybrid is not None:
+            self._hybrid.forget(request.request_id)
         state = self._reqs.get(request.request_id)
         if state is None:
             return False, None
         state.is_finished = True
+        if self._geo.is_hybrid and block_ids is not None:
+            self._finish_windows(state, block_ids)
         if state.store_jobs:
             state.is_waiting_for_stores = True
             self._pending_finished.append(state.req_id)
@@ -526,3 +561,10 @@ def _runs(chunks: list[int]) -> list[range]:
         else:
             runs.append(range(chunk, chunk + 1))
     return runs
+
+
+def _has_null(block_ids: Sequence[int], chunk: int, geo: EngineGeometry) -> bool:
+    """Whether a chunk's blocks include vLLM's null block (a sliding-window group's position
+    outside its window: nothing there to copy)."""
+    per_chunk = geo.blocks_per_chunk
+    return NULL_BLOCK_ID in block_ids[chunk * per_chunk : (chunk + 1) * per_chunk]

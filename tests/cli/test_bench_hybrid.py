@@ -26,8 +26,11 @@ def test_a_prompt_must_reach_past_the_window() -> None:
 
 @pytest.mark.engine
 def test_the_hybrid_manager_stores_fewer_bytes_per_prompt(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # what `main` sets for its own process, restored for the tests after this one
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
     out = tmp_path / "hybrid.json"
     assert main(["--tokens", "320", "--repeats", "1", "--window", "64", "--json", str(out)]) == 0
     results = {r["manager"]: r for r in json.loads(out.read_text())}

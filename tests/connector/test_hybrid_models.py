@@ -23,12 +23,19 @@ from typing import Any
 import pytest
 
 from kvstore.tiny_model import GEMMA3_SLIDING_WINDOW, build_tiny_gemma3
-from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
+from kvstore.vllm.engine import (
+    engine,
+    generate_runs,
+    kv_transfer_config,
+    reset_prefix_cache,
+    scheduler_connector,
+)
 from kvstore.vllm.geometry import local_attention
 from kvstore.vllm.kv_probe import computed_kv, loaded_kv
 from tests.cli.helpers import run_json
 from tests.support.connector import drain, kvstore_summary
 from tests.support.oracle import assert_audited, assert_kv_equal, assert_same_outputs
+from tests.support.redis_servers import redis_server
 
 LAYER_CHUNK_BYTES = 2 * 2 * 32 * 4 * 32  # (K, V) x KV heads x head dim x float32 x tokens
 CHUNK_BYTES = 4 * LAYER_CHUNK_BYTES  # a chunk of all four layers
@@ -37,6 +44,7 @@ PROMPT_B = [(11 * i + 1) % 500 + 5 for i in range(200)]
 PROMPT_D = PROMPT_A[:140] + [(13 * i + 2) % 500 + 5 for i in range(60)]  # shares 4 chunks
 RETENTION_TOKENS = 128  # sliding-window chunks kept before every 4-chunk boundary too
 LONG_PROMPT = [(3 * i + 7) % 500 + 5 for i in range(1000)]
+TURN_TOKENS = [(17 * i + 4) % 500 + 5 for i in range(30)]  # the next turn's new message
 
 _BUILD_CONFIG = """
 import sys
@@ -63,9 +71,14 @@ def baseline(gemma_dir: Path) -> dict[str, Any]:
     with engine(gemma_dir) as llm, computed_kv(llm) as computed:
         _, cold = generate_runs(llm, [PROMPT_A, PROMPT_B])
         _, warm = generate_runs(llm, [PROMPT_A, PROMPT_B, PROMPT_D])
+        # a conversation: PROMPT_B answered at length, then the next turn
+        answered, _ = generate_runs(llm, [PROMPT_B], max_tokens=100)
+        turn = [*PROMPT_B, *answered[0].outputs[0].token_ids, *TURN_TOKENS]
+        _, next_turn = generate_runs(llm, [turn])
     with engine(gemma_dir) as llm:
         usage = decode_usage(llm)
-    return {"cold": cold, "warm": warm, "kv": computed.blocks, "decode_usage": usage}
+    return {"cold": cold, "warm": warm, "kv": computed.blocks, "decode_usage": usage,
+            "turn": turn, "next_turn": next_turn}  # fmt: skip
 
 
 def decode_usage(llm: Any) -> float:
@@ -124,6 +137,13 @@ def test_a_sliding_window_model_keeps_the_hybrid_manager_and_serves_exact_hits(
             _, shared_hit = generate_runs(llm, [PROMPT_D])
         drain(llm)
         summary = kvstore_summary(llm)
+        # the answer's window is kept when the request ends: the next turn hits past it
+        generate_runs(llm, [PROMPT_B], max_tokens=100)
+        drain(llm)
+        assert reset_prefix_cache(llm)
+        with loaded_kv(llm) as turn:
+            _, next_turn = generate_runs(llm, [baseline["turn"]])
+        drain(llm)
         registry = scheduler_connector(llm).runtime.metrics.registry
         is_off = registry.get_sample_value("kvstore_hybrid_manager_off")
         usage = decode_usage(llm)
@@ -148,6 +168,10 @@ def test_a_sliding_window_model_keeps_the_hybrid_manager_and_serves_exact_hits(
     assert shared.counts.num_failed_blocks == 0
     assert_audited(summary, verified=3 * (6 + 3 * 2) - 2)
     assert summary["tiers"]["disk"]["hit_tokens"] > 0, summary
+    # 299 tokens computed (200 + 100 - 1): boundary 9, whose window (chunks 7-8) only the
+    # request's end keeps (retained boundaries are 4 and 8: windows 2-3 and 6-7)
+    assert_same_outputs(baseline["next_turn"], next_turn)
+    assert_kv_equal(baseline["kv"], turn, num_blocks=9 + 3 * 2)
 
     with engine(gemma_dir, kv_transfer=config) as llm:  # a restart: the disk tier serves
         with loaded_kv(llm) as restarted:
@@ -165,6 +189,43 @@ def test_a_sliding_window_model_keeps_the_hybrid_manager_and_serves_exact_hits(
     assert sliding["group"]["window_tokens"] == GEMMA3_SLIDING_WINDOW
     shown = run_json("show", tmp_path / "store", sliding["key"], "--json")
     assert [layer["name"] for layer in shown["layers"]] == ["model.layers.1.self_attn.attn"]
+
+
+@pytest.mark.engine
+@pytest.mark.redis
+def test_a_fresh_engine_gets_hybrid_hits_from_the_remote_tier(
+    gemma_dir: Path, baseline: dict[str, Any]
+) -> None:
+    """What one replica stores, another serves: the whole prompt again (the windows at its
+    end), and a prompt sharing a prefix up to the retained boundary inside it."""
+    with redis_server() as server:
+        config = kv_transfer_config(
+            cpu_bytes=64 * LAYER_CHUNK_BYTES,
+            remote_url=server.url,
+            hybrid_retention_tokens=RETENTION_TOKENS,
+        )
+        with engine(gemma_dir, kv_transfer=config) as llm:
+            generate_runs(llm, [PROMPT_A])
+            drain(llm)
+            stored = kvstore_summary(llm)["tiers"]["remote"]["stored_chunks"]
+        with engine(gemma_dir, kv_transfer=config) as llm:
+            with loaded_kv(llm) as from_remote:
+                _, remote_hit = generate_runs(llm, [PROMPT_A])
+            drain(llm)
+            assert reset_prefix_cache(llm)
+            with loaded_kv(llm) as shared:
+                _, shared_hit = generate_runs(llm, [PROMPT_D])
+            drain(llm)
+            summary = kvstore_summary(llm)
+    assert stored == 6 + 3 * 4
+    warm = baseline["warm"]
+    assert_same_outputs(warm[:1], remote_hit)
+    assert_kv_equal(baseline["kv"], from_remote, num_blocks=6 + 3 * 2)
+    assert_same_outputs(warm[2:], shared_hit)
+    assert_kv_equal(baseline["kv"], shared, num_blocks=4 + 3 * 2)
+    # PROMPT_A's 6 chunks, then PROMPT_D's chunks 2-3 (0-1 were fetched for PROMPT_A)
+    assert summary["tiers"]["remote"]["hit_tokens"] == (6 + 2) * 32, summary
+    assert summary["tiers"]["cpu"]["hit_tokens"] == 2 * 32, summary
 
 
 @pytest.mark.engine

@@ -129,3 +129,22 @@ def test_an_engine_with_groups_kvstore_cannot_store_is_refused_naming_them() -> 
     )
     with pytest.raises(ConfigError, match="same block size and bytes per block"):
         _kv_groups([sliding, wide])
+
+
+def test_the_longest_hit_agrees_with_its_definition_on_random_placements() -> None:
+    import random
+
+    rng = random.Random(7)
+    groups = (*GEMMA[:2], KVGroup(2, SLIDING, 130, ("l2",)), GEMMA[3])
+    p = planner(groups=groups)
+    for _ in range(300):
+        start, stop = rng.randrange(0, 4), rng.randrange(4, 14)
+        present = {(c, g) for c in range(stop) for g in range(4) if rng.random() < 0.8}
+
+        def has(chunk: int, group: int, present: set[tuple[int, int]] = present) -> bool:
+            return (chunk, group) in present
+
+        served = [
+            n for n in range(start + 1, stop + 1) if all(has(c, g) for c, g in p.needed(n, start))
+        ]
+        assert p.longest_hit(start, stop, has) == max(served, default=start)

@@ -63,19 +63,27 @@ def _serve(model: Path, url: str, policy: str, prompts: Sequence[list[int]], see
         runtime = scheduler_connector(llm).runtime
         assert runtime is not None
         registry = runtime.registry
+
+        def remote_decisions() -> dict[str, float]:
+            return {
+                decision: registry.get_sample_value(
+                    names.LOAD_DECISIONS, {"tier": "remote", "decision": decision}
+                )
+                or 0.0
+                for decision in ("load", "recompute")
+            }
+
         before = registry.get_sample_value(names.HIT_TOKENS, {"tier": "remote"}) or 0.0
+        # the warm-up's own lookups are decided too (on a busy machine a probe's round trip
+        # can outlast a tiny prompt's recompute): count the prompts' decisions only
+        decided_before = remote_decisions()
         for prompt in prompts:
             _, served = generate_runs(llm, [prompt])
             runs.extend(served)
             drain(llm)
         hits = (registry.get_sample_value(names.HIT_TOKENS, {"tier": "remote"}) or 0.0) - before
-        decisions = {
-            decision: registry.get_sample_value(
-                names.LOAD_DECISIONS, {"tier": "remote", "decision": decision}
-            )
-            or 0.0
-            for decision in ("load", "recompute")
-        }
+        decided = remote_decisions()
+        decisions = {name: decided[name] - decided_before[name] for name in decided}
     return Served(hits, decisions, runs)
 
 

@@ -76,6 +76,34 @@ def test_a_load_pays_when_it_beats_the_recompute_by_the_margin() -> None:
     assert decisions == [(Tier.DISK, "load"), (Tier.REMOTE, "recompute")]
 
 
+def test_a_hybrid_hit_weighs_its_entries_against_the_tokens_they_stand_for() -> None:
+    """A hybrid engine's entries are one KV cache group's share of a chunk: four entries may
+    stand for one chunk's tokens, so counting them as chunks would overrate the recompute."""
+    cost, _ = model()
+    recompute_per_chunk = TOKENS * 0.001
+    teach(cost, s_per_token=0.001, disk_s_per_chunk=0.5 * recompute_per_chunk)
+    assert cost.recompute_s(8, num_tokens=2 * TOKENS) == pytest.approx(2 * recompute_per_chunk)
+    assert cost.decide(Tier.DISK, 8)  # 8 chunks' reads for 8 chunks' tokens: 0.5x
+    assert not cost.decide(Tier.DISK, 8, num_tokens=2 * TOKENS)  # for 2 chunks': 2x
+
+
+def test_a_hybrid_lookup_promotes_only_when_reading_beats_recomputing_the_hit() -> None:
+    cost, decisions = model()
+    rig = make_rig(cost=cost)
+    rig.store_chunks(ks(1, 2, 3, 4))
+    rig.settle()
+    evict_from_cpu(rig, ks(1, 2, 3, 4))
+    teach(cost, s_per_token=0.001, disk_s_per_chunk=0.5 * TOKENS * 0.001)
+    # four entries standing for one chunk of tokens (four groups' shares of it)
+    answer = rig.pipeline.prepare_lookup(
+        "r1", ks(1, 2, 3, 4), token_counts=[TOKENS, 0, 0, 0], num_asked_chunks=1
+    )
+    assert not answer.is_pending and answer.tiers == ()
+    assert decisions == [(Tier.DISK, "recompute")]
+    answer = rig.pipeline.prepare_lookup("r2", ks(1, 2, 3, 4))  # as four chunks: pays
+    assert answer.is_pending and decisions[-1] == (Tier.DISK, "load")
+
+
 def test_latency_is_paid_once_so_a_longer_hit_pays_sooner() -> None:
     cost, _ = model()
     teach(cost, s_per_token=0.001, remote_latency_s=0.1, remote_s_per_chunk=0.001)
