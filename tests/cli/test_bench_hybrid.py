@@ -36,7 +36,8 @@ def test_the_hybrid_manager_stores_fewer_bytes_per_prompt(
     results = {r["manager"]: r for r in json.loads(out.read_text())}
     chunk = 32 * 2 * 8 * 64 * 2  # one layer's chunk: tokens x (K, V) x heads x head dim x bf16
     # 320 tokens: 10 chunks; the full layer stores all, each sliding-window layer the 2 before
-    # the prompt's last token (boundary 9; the next retained one, 1024 tokens, is past it)
-    assert results["on"]["stored_bytes"] == [(10 + 5 * 2) * chunk]
+    # the prompt's last token (boundary 9: chunks 7-8) and, as the request ends with all 320
+    # computed, chunk 9 (boundary 10, a next turn's); the next retained one (1024) is past it
+    assert results["on"]["stored_bytes"] == [(10 + 5 * 3) * chunk]
     assert results["off"]["stored_bytes"] == [10 * 6 * chunk]
     assert "| on |" in capsys.readouterr().out
