@@ -17,6 +17,10 @@ A file shorter than the pages a snapshot uses kills the reading process with SIG
    agree on the same snapshot, size and page (a concurrent commit changes one of them).
 
 A finding says what was seen: the file's size, the page past its end and the transaction.
+
+Before the store opens, the main database (the named databases' records, which opening reads)
+is also walked: a damaged node there would send LMDB's reads past the file's end
+(`tiers._lmdb_main_db`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tiers._lmdb_pages import Meta, PageChanged, first_page_in_use_past_end, newest_meta, read_metas
+from tiers._lmdb_main_db import main_db_problem
+from tiers._lmdb_pages import (
+    Meta,
+    PageChanged,
+    first_page_in_use_past_end,
+    newest_meta,
+    read_metas,
+    unknown_format,
+)
 
 __all__ = ["DataFileCheck", "problem_before_open"]
 
@@ -66,7 +78,32 @@ def _finding(size: int, page: int, meta: Meta) -> str:
 
 def problem_before_open(fd: int) -> str:
     """Why the data file behind `fd` cannot be mapped ("" if it can), with no read
-    transaction to pin a snapshot (before LMDB opens it)."""
+    transaction to pin a snapshot (before LMDB opens it): a meta page naming a data format no
+    LMDB writes, cut short, or a main database (which opening reads) that would send LMDB
+    past the file's end."""
+    version = unknown_format(fd)
+    if version is not None:
+        return f"its meta page names data format v{version}, which no LMDB writes (damaged)"
+    return _truncation_before_open(fd) or _main_db_before_open(fd)
+
+
+def _main_db_before_open(fd: int) -> str:
+    """`tiers._lmdb_main_db`'s walk, trusted only if no commit came during it (the newest
+    snapshot's pages are never rewritten while it is the newest)."""
+    for _ in range(_UNPINNED_ATTEMPTS):
+        meta = newest_meta(fd)
+        if meta is None:
+            return ""
+        problem = main_db_problem(fd, meta, os.fstat(fd).st_size)
+        again = newest_meta(fd)
+        if again is not None and again.txn_id == meta.txn_id:
+            return f"{problem} (transaction {meta.txn_id})" if problem else ""
+        time.sleep(_UNPINNED_PAUSE_S)
+    logger.info("main database check of fd %d did not settle (a busy writer?); deferred", fd)
+    return ""
+
+
+def _truncation_before_open(fd: int) -> str:
     problem, meta, size = _quick(fd)
     if problem or meta is None or size >= meta.needed_bytes:
         return problem

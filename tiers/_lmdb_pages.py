@@ -36,6 +36,7 @@ __all__ = [
     "first_page_in_use_past_end",
     "newest_meta",
     "read_metas",
+    "unknown_format",
 ]
 
 _HEADER_BYTES = 16  # PAGEHDRSZ: pgno u64, pad u16, flags u16, lower u16, upper u16
@@ -66,6 +67,7 @@ class Meta:
     last_page: int
     txn_id: int
     free_root: int
+    main_root: int = _INVALID_PAGE  # the main database's root: the named databases' records
 
     @property
     def needed_bytes(self) -> int:
@@ -82,6 +84,23 @@ def read_metas(fd: int) -> list[Meta]:
     return [first] if second is None or second.page_bytes != first.page_bytes else [first, second]
 
 
+_KNOWN_FORMATS = (1, 2, 3)
+"""Data formats LMDB writes: 1 for 0.9.x, 2 for a pre-1.0 development version, 3 for 1.0.x."""
+
+
+def unknown_format(fd: int) -> int | None:
+    """The data format the file's first bytes name, when it is none LMDB writes (a damaged meta
+    page), else None. py-lmdb picks its engine by that number (the u32 after the first meta
+    magic at a 4-byte step in the first 64 bytes) and refuses an unknown one as if it were
+    merely another LMDB's."""
+    head = os.pread(fd, 64, 0)
+    for offset in range(0, len(head) - 7, 4):
+        if struct.unpack_from("<I", head, offset)[0] == _META_MAGIC:
+            (version,) = struct.unpack_from("<I", head, offset + 4)
+            return None if version in _KNOWN_FORMATS else int(version)
+    return None
+
+
 def newest_meta(fd: int) -> Meta | None:
     """The meta page of the newest committed snapshot, or None if there is none."""
     return max(read_metas(fd), key=lambda meta: meta.txn_id, default=None)
@@ -89,7 +108,8 @@ def newest_meta(fd: int) -> Meta | None:
 
 def _parse_meta(page: bytes) -> Meta | None:
     """LMDB 0.9, 64-bit: magic and version at 16; the free DB's record at 40 (its pad is the
-    page size, its root at 80); the last page and txn id at 136 and 144."""
+    page size, its root at 80), the main DB's at 88 (its root at 128); the last page and txn
+    id at 136 and 144."""
     if len(page) < _META_BYTES:
         return None
     magic, version = struct.unpack_from("<II", page, 16)
@@ -99,8 +119,9 @@ def _parse_meta(page: bytes) -> Meta | None:
     if page_bytes < 512 or page_bytes & (page_bytes - 1):
         return None
     (free_root,) = struct.unpack_from("<Q", page, 80)
+    (main_root,) = struct.unpack_from("<Q", page, 128)
     last_page, txn_id = struct.unpack_from("<QQ", page, 136)
-    return Meta(page_bytes, int(last_page), int(txn_id), int(free_root))
+    return Meta(page_bytes, int(last_page), int(txn_id), int(free_root), int(main_root))
 
 
 def first_page_in_use_past_end(fd: int, meta: Meta, file_bytes: int) -> int | None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvstore.oracle import GreedyRun
 from kvstore.tiny_model import GEMMA3_SLIDING_WINDOW, build_tiny_gemma3
 from kvstore.vllm.engine import (
     engine,
@@ -31,7 +33,7 @@ from kvstore.vllm.engine import (
     scheduler_connector,
 )
 from kvstore.vllm.geometry import local_attention
-from kvstore.vllm.kv_probe import computed_kv, loaded_kv
+from kvstore.vllm.kv_probe import LoadProbe, computed_kv, loaded_kv
 from tests.cli.helpers import run_json
 from tests.support.connector import drain, kvstore_summary
 from tests.support.oracle import assert_audited, assert_kv_equal, assert_same_outputs
@@ -81,6 +83,35 @@ def baseline(gemma_dir: Path) -> dict[str, Any]:
             "turn": turn, "next_turn": next_turn}  # fmt: skip
 
 
+@dataclass
+class Hits:
+    first: list[GreedyRun]
+    stored_bytes: float  # engine -> CPU for PROMPT_A
+    cpu: list[GreedyRun]
+    from_cpu: LoadProbe
+    disk: list[GreedyRun]
+    from_disk: LoadProbe
+
+
+def cpu_then_disk_hits(llm: Any) -> Hits:
+    """PROMPT_A computed and stored, then served from the CPU tier, then, once PROMPT_B has
+    pushed it out of the CPU tier, from disk (the engine's own cache reset before each hit)."""
+    _, first = generate_runs(llm, [PROMPT_A])
+    drain(llm)
+    stored = kvstore_summary(llm)["bytes"]["engine_to_cpu"]
+    assert llm.reset_prefix_cache()
+    with loaded_kv(llm) as from_cpu:
+        _, cpu_hit = generate_runs(llm, [PROMPT_A])
+    drain(llm)
+    generate_runs(llm, [PROMPT_B])
+    drain(llm)
+    assert llm.reset_prefix_cache()
+    with loaded_kv(llm) as from_disk:
+        _, disk_hit = generate_runs(llm, [PROMPT_A])
+    drain(llm)
+    return Hits(first, stored, cpu_hit, from_cpu, disk_hit, from_disk)
+
+
 def decode_usage(llm: Any) -> float:
     """The share of the engine's KV cache a 1000-token request holds while it decodes (every
     engine here has the same KV cache bytes): sliding-window layers hold only their window
@@ -119,19 +150,7 @@ def test_a_sliding_window_model_keeps_the_hybrid_manager_and_serves_exact_hits(
         engine(gemma_dir, kv_transfer=config) as llm,
     ):
         assert not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
-        _, first = generate_runs(llm, [PROMPT_A])
-        drain(llm)
-        stored = kvstore_summary(llm)["bytes"]["engine_to_cpu"]
-        assert llm.reset_prefix_cache()
-        with loaded_kv(llm) as from_cpu:
-            _, cpu_hit = generate_runs(llm, [PROMPT_A])
-        drain(llm)
-        generate_runs(llm, [PROMPT_B])
-        drain(llm)
-        assert llm.reset_prefix_cache()
-        with loaded_kv(llm) as from_disk:
-            _, disk_hit = generate_runs(llm, [PROMPT_A])
-        drain(llm)
+        hits = cpu_then_disk_hits(llm)
         assert llm.reset_prefix_cache()
         with loaded_kv(llm) as shared:
             _, shared_hit = generate_runs(llm, [PROMPT_D])
@@ -154,15 +173,15 @@ def test_a_sliding_window_model_keeps_the_hybrid_manager_and_serves_exact_hits(
     # PROMPT_A's entries: 6 full-attention chunks, and per sliding-window group the chunks
     # before boundaries 4 (retention) and 6 (the prompt's end): 2-5; not the 24 layer-chunks
     # a store of whole chunks takes
-    assert stored == (6 + 3 * 4) * LAYER_CHUNK_BYTES
+    assert hits.stored_bytes == (6 + 3 * 4) * LAYER_CHUNK_BYTES
     warm = baseline["warm"]
-    assert_same_outputs(baseline["cold"][:1], first)
-    assert_same_outputs(warm[:1], cpu_hit)
-    assert_same_outputs(warm[:1], disk_hit)
+    assert_same_outputs(baseline["cold"][:1], hits.first)
+    assert_same_outputs(warm[:1], hits.cpu)
+    assert_same_outputs(warm[:1], hits.disk)
     assert_same_outputs(warm[2:], shared_hit)
     # a hit at boundary 6 loads 6 full-attention blocks and 2 per sliding-window group
-    assert_kv_equal(baseline["kv"], from_cpu, num_blocks=6 + 3 * 2)
-    assert_kv_equal(baseline["kv"], from_disk, num_blocks=6 + 3 * 2)
+    assert_kv_equal(baseline["kv"], hits.from_cpu, num_blocks=6 + 3 * 2)
+    assert_kv_equal(baseline["kv"], hits.from_disk, num_blocks=6 + 3 * 2)
     # PROMPT_D shares 4 chunks: its hit stops at the retained boundary 4
     assert_kv_equal(baseline["kv"], shared, num_blocks=4 + 3 * 2)
     assert shared.counts.num_failed_blocks == 0
@@ -249,18 +268,7 @@ def test_with_the_hybrid_manager_turned_off_hits_stay_exact_and_kvstore_says_wha
         caplog.at_level(logging.WARNING, logger="kvstore"),
         engine(gemma_dir, kv_transfer=config, disable_hybrid_kv_cache_manager=True) as llm,
     ):
-        _, first = generate_runs(llm, [PROMPT_A])
-        drain(llm)
-        assert llm.reset_prefix_cache()
-        with loaded_kv(llm) as from_cpu:
-            _, cpu_hit = generate_runs(llm, [PROMPT_A])
-        drain(llm)
-        generate_runs(llm, [PROMPT_B])
-        drain(llm)
-        assert llm.reset_prefix_cache()
-        with loaded_kv(llm) as from_disk:
-            _, disk_hit = generate_runs(llm, [PROMPT_A])
-        drain(llm)
+        hits = cpu_then_disk_hits(llm)
         summary = kvstore_summary(llm)
         registry = scheduler_connector(llm).runtime.metrics.registry
         is_off = registry.get_sample_value("kvstore_hybrid_manager_off")
@@ -270,11 +278,11 @@ def test_with_the_hybrid_manager_turned_off_hits_stay_exact_and_kvstore_says_wha
     assert len(said) == 1, said
     assert "3 of this model's 4 attention layers" in said[0]
     assert f"window {GEMMA3_SLIDING_WINDOW} tokens" in said[0]
-    assert_same_outputs(cold, first)
-    assert_same_outputs(warm, cpu_hit)
-    assert_same_outputs(warm, disk_hit)
-    assert_kv_equal(computed.blocks, from_cpu, num_blocks=6)
-    assert_kv_equal(computed.blocks, from_disk, num_blocks=6)
+    assert_same_outputs(cold, hits.first)
+    assert_same_outputs(warm, hits.cpu)
+    assert_same_outputs(warm, hits.disk)
+    assert_kv_equal(computed.blocks, hits.from_cpu, num_blocks=6)
+    assert_kv_equal(computed.blocks, hits.from_disk, num_blocks=6)
     assert_audited(summary, verified=12)
     assert summary["tiers"]["disk"]["hit_tokens"] > 0, summary
     # what the hybrid manager saves: a long request holds ~3x the KV cache without it

@@ -1,0 +1,106 @@
+"""Is a snapshot's main database readable without LMDB reading past the data file's end?
+
+LMDB's main database holds one record per named database; opening a store reads it (the
+named databases' handles), and the main database's root is the last page a commit writes, so
+it sits at the file's end. LMDB trusts a page's node sizes: a damaged node whose key or data
+size reaches past the page makes it copy bytes from wherever that points, and past the file's
+end the process dies with SIGBUS. This walk reads the main database's pages with pread (never
+through the map) and checks each node lies inside its page, each child page and each named
+database's root inside the file. The format is mdb.c's (LMDB 0.9, 64-bit; see
+`tiers._lmdb_pages`).
+
+Without a read transaction a concurrent commit may reuse a page under the walk; the caller
+reads the meta page again after the walk and trusts the answer only if no commit came between
+(`tiers._lmdb_filecheck`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from tiers._lmdb_pages import Meta
+
+__all__ = ["main_db_problem"]
+
+_HEADER_BYTES = 16  # PAGEHDRSZ
+_NODE_BYTES = 8  # NODESIZE
+_INVALID_PAGE = (1 << 64) - 1
+_P_BRANCH, _P_LEAF = 0x01, 0x02
+_F_BIGDATA, _F_SUBDATA = 0x01, 0x02
+_DB_RECORD_BYTES = 48  # MDB_db; md_root at 40
+_MAX_PAGES = 64  # a store's main database has a handful of records: one page
+
+
+def main_db_problem(fd: int, meta: Meta, file_bytes: int) -> str:
+    """"" if LMDB can read `meta`'s main database within the file, else what is wrong."""
+    page_bytes = meta.page_bytes
+    end_page = file_bytes // page_bytes
+    if meta.main_root == _INVALID_PAGE:
+        return ""
+    pending, seen = [meta.main_root], 0
+    while pending:
+        number = pending.pop()
+        if not 2 <= number < end_page:
+            return f"the main database's page {number} lies outside the file ({end_page} pages)"
+        seen += 1
+        if seen > _MAX_PAGES:
+            return "the main database has more pages than it can (a cycle)"
+        page = os.pread(fd, page_bytes, number * page_bytes)
+        problem = _page_problem(page, number, page_bytes, end_page, pending)
+        if problem:
+            return f"the main database's page {number} is damaged: {problem}"
+    return ""
+
+
+def _page_problem(
+    page: bytes, number: int, page_bytes: int, end_page: int, pending: list[int]
+) -> str:
+    if len(page) < page_bytes:
+        return "cut short"
+    pgno, _, flags, lower, upper = struct.unpack_from("<QHHHH", page, 0)
+    kind = flags & (_P_BRANCH | _P_LEAF)
+    if pgno != number or kind not in (_P_BRANCH, _P_LEAF):
+        return "not a tree page"
+    if not _HEADER_BYTES <= lower <= upper <= page_bytes:
+        return "its free space is out of bounds"
+    count = (lower - _HEADER_BYTES) >> 1
+    for offset in struct.unpack_from(f"<{count}H", page, _HEADER_BYTES):
+        if not upper <= offset <= page_bytes - _NODE_BYTES:
+            return "a node lies outside the page"
+        lo, hi, node_flags, key_bytes = struct.unpack_from("<HHHH", page, offset)
+        data_at = offset + _NODE_BYTES + key_bytes
+        if kind == _P_BRANCH:
+            child = lo | hi << 16 | node_flags << 32
+            if data_at > page_bytes or not 2 <= child < end_page:
+                return f"a branch node points outside the page or file (page {child})"
+            pending.append(child)
+            continue
+        data_bytes = lo | hi << 16
+        problem = _leaf_node_problem(page, data_at, data_bytes, node_flags, end_page)
+        if problem:
+            return problem
+    return ""
+
+
+def _leaf_node_problem(
+    page: bytes, data_at: int, data_bytes: int, node_flags: int, end_page: int
+) -> str:
+    page_bytes = len(page)
+    if node_flags & _F_BIGDATA:  # the data is on overflow pages: its first page number here
+        if data_at + 8 > page_bytes:
+            return "a node's key runs past the page"
+        (first,) = struct.unpack_from("<Q", page, data_at)
+        num_pages = (_HEADER_BYTES - 1 + data_bytes) // page_bytes + 1  # OVPAGES
+        if first < 2 or first + num_pages > end_page:
+            return f"a node's data on pages {first}+{num_pages} lies outside the file"
+        return ""
+    if data_at + data_bytes > page_bytes:
+        return "a node's key or data runs past the page"
+    if node_flags & _F_SUBDATA:  # a named database's record: its root must be in the file
+        if data_bytes != _DB_RECORD_BYTES:
+            return f"a database record has {data_bytes} bytes"
+        (root,) = struct.unpack_from("<Q", page, data_at + 40)
+        if root != _INVALID_PAGE and not 2 <= root < end_page:
+            return f"a named database's root (page {root}) lies outside the file"
+    return ""
