@@ -19,21 +19,25 @@ from __future__ import annotations
 import os
 import struct
 
-from tiers._lmdb_pages import Meta
+from tiers._lmdb_pages import (
+    _F_BIGDATA,
+    _F_SUBDATA,
+    _HEADER_BYTES,
+    _INVALID_PAGE,
+    _NODE_BYTES,
+    _P_BRANCH,
+    _P_LEAF,
+    Meta,
+)
 
 __all__ = ["main_db_problem"]
 
-_HEADER_BYTES = 16  # PAGEHDRSZ
-_NODE_BYTES = 8  # NODESIZE
-_INVALID_PAGE = (1 << 64) - 1
-_P_BRANCH, _P_LEAF = 0x01, 0x02
-_F_BIGDATA, _F_SUBDATA = 0x01, 0x02
 _DB_RECORD_BYTES = 48  # MDB_db; md_root at 40
 _MAX_PAGES = 64  # a store's main database has a handful of records: one page
 
 
 def main_db_problem(fd: int, meta: Meta, file_bytes: int) -> str:
-    """"" if LMDB can read `meta`'s main database within the file, else what is wrong."""
+    """Why LMDB cannot read `meta`'s main database within the file ("" if it can)."""
     page_bytes = meta.page_bytes
     end_page = file_bytes // page_bytes
     if meta.main_root == _INVALID_PAGE:

@@ -28,6 +28,7 @@ from kvstore.vllm.hybrid import NULL_BLOCK_ID, GroupChunk, HybridPlanner
 from kvstore.vllm.hybrid_lookup import HybridLookups
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from kvstore.vllm.requests import JobState, RequestState
+from kvstore.vllm.store_plans import ChunksByGroup, StorePlans
 from kvstore.vllm.vllm_metrics import StepCounters
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class ConnectorScheduler:
             retention_tokens // geometry.num_tokens_per_chunk,
         )
         self._hybrid = HybridLookups(self._planner, pipeline) if geometry.is_hybrid else None
+        self._stores = StorePlans(geometry, self._planner, pipeline, self.chunk_keys)
         self._pipeline = pipeline
         self._metrics = metrics
         self._num_workers = num_workers
@@ -325,106 +327,33 @@ class ConnectorScheduler:
         if num_chunks <= start:
             return None  # the common decode step: no chunk completed, nothing built
         state.num_stored_chunks = num_chunks
-        prompt_boundary = (request.num_prompt_tokens - 1) // geo.num_tokens_per_chunk
-        chunks_by_group = {
-            g: [
-                chunk
-                for chunk in range(start, num_chunks)
-                if self._planner.is_stored(g, chunk, prompt_boundary)
-                and not (self._planner.window(g) and _has_null(block_ids, chunk, geo))
-            ]
-            for g, block_ids in enumerate(state.block_ids)
-        }
-        return self._store_job(state, chunks_by_group, state.block_ids)
+        chunks = self._stores.completed(request, state.block_ids, start, num_chunks)
+        return self._store_job(state, chunks, state.block_ids)
 
     def _store_job(
-        self,
-        state: RequestState,
-        chunks_by_group: dict[int, list[int]],
-        block_ids: Sequence[list[int]],
+        self, state: RequestState, chunks: ChunksByGroup, block_ids: Sequence[list[int]]
     ) -> CopyJob | None:
-        """One copy job for the given chunks of each group (rows reserved; None: nothing to
-        copy, no room, or all of them in CPU already)."""
-        chunks = [c for group_chunks in chunks_by_group.values() for c in group_chunks]
-        if not chunks:
-            return None
-        base = max(0, min(chunks) - 1)  # the chunk before the first is its parent
-        chunk_keys = self.chunk_keys(state.request, base, max(chunks) + 1)  # [i]: base + i
-        segments: list[ChunkSegment] = []
-        keys: list[BlockKey] = []
-        for g, group_chunks in chunks_by_group.items():
-            for run in _runs(group_chunks):
-                planned = self._plan_store_run(
-                    state.request, chunk_keys, base, run, g, block_ids[g]
-                )
-                segments.extend(planned)
-                keys.extend(BlockKey(segment.key) for segment in planned)
+        """One copy job for the given chunks of each group (None: nothing to copy, no room,
+        or all of them in CPU already)."""
+        segments = self._stores.segments(state.request, chunks, block_ids)
         if not segments:
             return None
         is_urgent = any(self._planner.window(segment.group) for segment in segments)
         job = CopyJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments),
                       is_urgent=is_urgent)  # fmt: skip
-        self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, tuple(keys),
-                                          self._num_workers)  # fmt: skip
+        keys = tuple(BlockKey(segment.key) for segment in segments)
+        self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, keys, self._num_workers)
         state.store_jobs.add(job.job_id)
         return job
 
     def _finish_windows(self, state: RequestState, block_ids: Sequence[list[int]]) -> None:
         """A hybrid request ends: its sliding-window groups keep the window before its last
-        full chunk (what a conversation's next turn hits), from the blocks vLLM holds for it
-        now (`block_ids`: null outside each window). Copied at the next step; vLLM keeps the
-        blocks until then (`request_finished` answers True)."""
-        geo = self._geo
-        boundary = state.num_stored_chunks
-        prompt_boundary = (state.request.num_prompt_tokens - 1) // geo.num_tokens_per_chunk
-        if boundary <= prompt_boundary or len(block_ids) != geo.num_groups:
-            return  # nothing computed past the prompt's own windows
-        chunks_by_group = {}
-        for g, ids in enumerate(block_ids):
-            window = self._planner.window(g)
-            if window == 0:
-                continue
-            chunks_by_group[g] = [
-                chunk
-                for chunk in range(max(0, boundary - window), boundary)
-                if not self._planner.is_stored(g, chunk, prompt_boundary)
-                and len(ids) >= (chunk + 1) * geo.blocks_per_chunk
-                and not _has_null(ids, chunk, geo)
-            ]
-        job = self._store_job(state, chunks_by_group, [list(ids) for ids in block_ids])
+        full chunk (what a conversation's next turn hits). Copied at the next step; vLLM
+        keeps the blocks until then (`request_finished` answers True)."""
+        chunks = self._stores.end_windows(state.request, block_ids, state.num_stored_chunks)
+        job = self._store_job(state, chunks, [list(ids) for ids in block_ids])
         if job is not None:
             self._pending_stores.append(job)
-
-    def _plan_store_run(
-        self,
-        request: Request,
-        chunk_keys: list[BlockKey],
-        base: int,
-        chunks: range,
-        group: int,
-        block_ids: list[int],
-    ) -> list[ChunkSegment]:
-        """Reserve rows for one group's consecutive chunks; their copies (possibly fewer:
-        the CPU tier may have no room for all, or hold some already)."""
-        geo = self._geo
-        planner = self._planner
-        keys = [planner.key(chunk_keys[chunk - base], group) for chunk in chunks]
-        parent = (
-            planner.key(chunk_keys[chunks.start - 1 - base], group) if chunks.start > base else None
-        )
-        token_ids = request.all_token_ids[
-            chunks.start * geo.num_tokens_per_chunk : chunks.stop * geo.num_tokens_per_chunk
-        ]
-        plan = self._pipeline.prepare_store(keys, token_ids=list(token_ids), parent_key=parent)
-        if plan is None:
-            return []
-        chunk_of = dict(zip(keys, chunks, strict=True))
-        segments = []
-        for key, row in plan.items():
-            first = chunk_of[key] * geo.blocks_per_chunk
-            blocks = tuple(block_ids[first : first + geo.blocks_per_chunk])
-            segments.append(ChunkSegment(row, 0, blocks, bytes(key), group))
-        return segments
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
@@ -550,21 +479,3 @@ class ConnectorScheduler:
             "jobs": len(self._jobs),
             "tracked_requests": len(self._reqs),
         }
-
-
-def _runs(chunks: list[int]) -> list[range]:
-    """Consecutive runs of sorted chunk indexes."""
-    runs: list[range] = []
-    for chunk in chunks:
-        if runs and runs[-1].stop == chunk:
-            runs[-1] = range(runs[-1].start, chunk + 1)
-        else:
-            runs.append(range(chunk, chunk + 1))
-    return runs
-
-
-def _has_null(block_ids: Sequence[int], chunk: int, geo: EngineGeometry) -> bool:
-    """Whether a chunk's blocks include vLLM's null block (a sliding-window group's position
-    outside its window: nothing there to copy)."""
-    per_chunk = geo.blocks_per_chunk
-    return NULL_BLOCK_ID in block_ids[chunk * per_chunk : (chunk + 1) * per_chunk]
