@@ -54,6 +54,7 @@ class _WriteJob:
     items: list[tuple[BlockKey, int]]
     victims: list[BlockKey]
     call: Callable[[], object] | None = None
+    num_jobs: int = 1  # the submitted jobs this one stands for (a batch merges several)
 
 
 def _run_logged(fn: Callable[[], object]) -> None:
@@ -99,6 +100,7 @@ class TierService:
         self._remote = self._make_remote(remote, remote_rows, remote_queue_chunks)
         self._count_lock = threading.Lock()
         self._num_queued_chunks = 0
+        self._num_queued_jobs = 0  # every job (writes, deletes, calls) until its batch ran
         self._num_inflight_promotions = 0
         self._is_disk_up = disk is not None
         self._is_closing = False
@@ -107,7 +109,7 @@ class TierService:
         self._write_queue: collections.deque[_WriteJob] = collections.deque()
         self._has_work: asyncio.Event
         self._writing: _WriteJob | None = None  # the batch the write loop holds
-        self._idle: asyncio.Event  # set while no write-through is queued or being written
+        self._idle: asyncio.Event  # set while no job is queued or running on the writer
         self._touched: set[BlockKey] = set()
         self._tasks = OwnedTasks("disk", max_restarts=_MAX_RESTARTS, on_give_up=self._disk_down)
 
@@ -243,9 +245,9 @@ class TierService:
         if is_full:
             self._record_drop(len(items), "queue_full")
             if victims:  # the index already let them go: delete them anyway
-                self._loop_thread.call_soon(self._enqueue, _WriteJob([], list(victims)))
+                self._submit_job(_WriteJob([], list(victims)))
             return False
-        self._loop_thread.call_soon(self._enqueue, _WriteJob(list(items), list(victims)))
+        self._submit_job(_WriteJob(list(items), list(victims)))
         return True
 
     def submit_promotion(self, items: Sequence[tuple[BlockKey, int]], tag: object = None) -> bool:
@@ -259,11 +261,14 @@ class TierService:
         return True
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Block (the owner thread) until no write is queued and no promotion in flight;
-        False if `timeout_s` passed first. Not for the step path: for drains and shutdown."""
+        """Block (the owner thread) until no write, delete or call is queued and no promotion
+        in flight; False if `timeout_s` passed first. Not for the step path: for drains and
+        shutdown."""
         deadline_s = time.monotonic() + timeout_s
-        while self._num_queued_chunks or self._num_inflight_promotions or (
-            self._remote is not None and self._remote.num_queued_chunks
+        while (
+            self._num_queued_jobs
+            or self._num_inflight_promotions
+            or (self._remote is not None and self._remote.num_queued_chunks)
         ):
             if time.monotonic() >= deadline_s:
                 return False
@@ -273,11 +278,11 @@ class TierService:
     def submit_call(self, fn: Callable[[], object]) -> None:
         """Run `fn` on the LMDB writer thread, in order with the queued writes."""
         if self._disk is not None and not self._is_closing:
-            self._loop_thread.call_soon(self._enqueue, _WriteJob([], [], fn))
+            self._submit_job(_WriteJob([], [], fn))
 
     def submit_delete(self, keys: Sequence[BlockKey]) -> None:
         if self._disk is not None and keys and not self._is_closing:
-            self._loop_thread.call_soon(self._enqueue, _WriteJob([], list(keys)))
+            self._submit_job(_WriteJob([], list(keys)))
 
     def submit_touch(self, keys: Sequence[BlockKey]) -> None:
         if self._disk is not None and keys and not self._is_closing:
@@ -305,11 +310,21 @@ class TierService:
 
     # -- the write loop (loop thread) -------------------------------------------------------
 
+    def _submit_job(self, job: _WriteJob) -> None:
+        """Queue `job` from any thread; it counts as queued from now (so `wait_idle` and the
+        shutdown drain see it) until its batch has run."""
+        with self._count_lock:
+            self._num_queued_jobs += 1
+        self._loop_thread.call_soon(self._enqueue, job)
+
     def _enqueue(self, job: _WriteJob) -> None:
-        if job.items:
-            self._idle.clear()
+        self._idle.clear()
         self._write_queue.append(job)
         self._has_work.set()
+
+    def _end_jobs(self, num_jobs: int) -> None:
+        with self._count_lock:
+            self._num_queued_jobs -= num_jobs
 
     async def _write_loop(self) -> None:
         while True:
@@ -323,7 +338,8 @@ class TierService:
             else:
                 await self._write(job)
             self._writing = None
-            if not self._write_queue and self._num_queued_chunks == 0:
+            self._end_jobs(job.num_jobs)
+            if not self._write_queue:
                 self._idle.set()
 
     async def _next_batch(self) -> _WriteJob:
@@ -335,12 +351,13 @@ class TierService:
         job = queue.popleft()
         if job.call is not None:
             return job
-        items, victims = list(job.items), list(job.victims)
+        items, victims, num_jobs = list(job.items), list(job.victims), job.num_jobs
         while len(items) < _WRITE_BATCH_CHUNKS and queue and queue[0].call is None:
             more = queue.popleft()  # a call stays queued: it runs after this batch, in order
             items += more.items
             victims += more.victims
-        return _WriteJob(items, victims)
+            num_jobs += more.num_jobs
+        return _WriteJob(items, victims, num_jobs=num_jobs)
 
     async def _write(self, job: _WriteJob) -> None:
         assert self._disk is not None
@@ -371,6 +388,7 @@ class TierService:
             if job.items:
                 self._finish_write(job, WriteDone(ok=(), failed=tuple(k for k, _ in job.items)))
                 self._record_drop(len(job.items), "tier_down")
+            self._end_jobs(job.num_jobs)
         self._idle.set()
 
     def _disk_down(self) -> None:
@@ -399,8 +417,8 @@ class TierService:
             logger.warning("kvstore promotion of %d chunks abandoned: %s", len(items), exc)
             self._end_promotion(failed)
             return
-        if done.corrupt and self._is_disk_up:
-            self._enqueue(_WriteJob([], list(done.corrupt)))
+        if done.corrupt and self._is_disk_up:  # queued before the promotion ends: a drain sees it
+            self._submit_job(_WriteJob([], list(done.corrupt)))
         self._end_promotion(replace(done, tag=failed.tag))
         self._record(report, IOOp.READ)
 

@@ -89,6 +89,9 @@ def _round(rot: _Rot, host: EngineHost, number: int) -> None:
     old = rot.rng.sample(rot.old, min(12, len(rot.old)))
     for start in range(0, len(old), 4):
         rot.serve(host, old[start : start + 4])
+    # drained first: a chunk found corrupt above is rewritten once recomputed, and were that
+    # rewrite to land after `known`, it could be flipped again below as a "new" chunk
+    host.call({"op": "summary"})
     known = store_keys(rot.store)
     new = [rot.new.pop() for _ in range(_NEW)]
     for prompt in new:  # one at a time: each fits the CPU tier, so every chunk is written

@@ -171,6 +171,42 @@ def test_close_drains_queued_writes_first() -> None:
     assert all(store.contains(NS, key(i)) for i in range(5))
 
 
+class SlowDeletes(MemoryStore):
+    def delete_many(self, namespace: str, keys: Sequence[bytes]) -> int:
+        time.sleep(0.2)
+        return super().delete_many(namespace, keys)
+
+
+def test_a_corrupt_chunk_found_just_before_close_is_deleted_by_close() -> None:
+    """The delete of a chunk a read found corrupt is queued work like a write: shutdown drains
+    it (a detected-corrupt value left on disk was a reliability-suite finding)."""
+    service, store, _ = make(SlowDeletes(1 << 20))
+    assert service.submit_write([(key(1), 1), (key(2), 2)], [])
+    completions_until(service, 1)
+    store.corrupt(NS, key(1))
+    service.submit_call(lambda: time.sleep(0.3))  # the writer is busy: the delete waits in line
+    assert service.submit_promotion([(key(1), 5), (key(2), 6)])
+    (promoted,) = completions_until(service, 1)
+    assert promoted.corrupt == (key(1),) and promoted.ok == (key(2),)
+    assert service.close()
+    assert not store.contains(NS, key(1)) and store.contains(NS, key(2))
+
+
+def test_wait_idle_waits_for_deletes_and_calls() -> None:
+    service, store, _ = make(SlowDeletes(1 << 20))
+    try:
+        assert service.submit_write([(key(1), 1)], [])
+        assert service.wait_idle(5.0)
+        ran = threading.Event()
+        service.submit_delete([key(1)])
+        service.submit_call(ran.set)
+        assert not service.wait_idle(0.05)  # the delete takes 0.2 s, the call runs after it
+        assert service.wait_idle(5.0)
+        assert ran.is_set() and not store.contains(NS, key(1))
+    finally:
+        service.close()
+
+
 @pytest.mark.parametrize("num_chunks", [300])
 def test_a_full_queue_drops_and_counts(num_chunks: int) -> None:
     service, _, metrics = make()
