@@ -113,6 +113,9 @@ class StandaloneBackend:
     def node_client(self, node: str) -> Redis:
         return self.client
 
+    def address(self, node: str) -> NodeAddress:
+        return self.node
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -150,10 +153,12 @@ class ClusterBackend:
     def node_client(self, node: str) -> Redis:
         client = self._node_clients.get(node)
         if client is None:
-            host, _, port = node.rpartition(":")
-            address = NodeAddress(name=node, host=host, port=int(port))
-            client = self._node_clients[node] = node_client(self._config, address)
+            client = self._node_clients[node] = node_client(self._config, self.address(node))
         return client
+
+    def address(self, node: str) -> NodeAddress:
+        host, _, port = node.rpartition(":")
+        return NodeAddress(name=node, host=host, port=int(port))
 
     async def aclose(self) -> None:
         clients, self._node_clients = list(self._node_clients.values()), {}

@@ -102,7 +102,12 @@ class NodeHealth:
         self, op: str, node: str, num_keys: int, num_bytes: int, started: float, ok: bool
     ) -> None:
         """One round trip that began at `started` (time.perf_counter)."""
-        duration_s = time.perf_counter() - started
+        self.record(op, node, num_keys, num_bytes, time.perf_counter() - started, ok)
+
+    def record(
+        self, op: str, node: str, num_keys: int, num_bytes: int, duration_s: float, ok: bool
+    ) -> None:
+        """One round trip that took `duration_s`."""
         self.stats.round_trip(op, node, num_keys, num_bytes, duration_s, ok)
         if self._observer is not None:
             self._observer.round_trip(op, node, num_keys, num_bytes, duration_s, ok)

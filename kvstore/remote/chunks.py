@@ -107,20 +107,24 @@ class RemoteChunks:
         leaves its buffer untouched."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
-        values = await self.store.get_many(
-            [self.redis_key(k) for k in keys], value_bytes=self._value_bytes()
-        )
+        namespace_id = self.namespace_id
+
+        def decode(index: int, value: bytes) -> RemoteValueError | bool:  # maybe a worker thread
+            try:
+                codec.decode_into(namespace_id, keys[index], value, outs[index])
+            except RemoteValueError as exc:
+                return exc
+            return True
+
+        results = await self.store.read_many(
+            [self.redis_key(k) for k in keys], value_bytes=self._value_bytes(), consume=decode
+        )  # per key: None (no value), True (copied) or why the value was rejected
         loaded: list[bool] = []
         rejected: list[BlockKey] = []
-        for key, value, out in zip(keys, values, outs, strict=True):
-            ok = False
-            if value is not None:
-                try:
-                    codec.decode_into(self.namespace_id, key, value, out)
-                    ok = True
-                except RemoteValueError as exc:
-                    self._reject(key, exc, rejected)
-            loaded.append(ok)
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, RemoteValueError):
+                self._reject(key, result, rejected)
+            loaded.append(result is True)
         await self._delete_rejected(rejected)
         return loaded
 

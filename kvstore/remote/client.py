@@ -39,6 +39,7 @@ from kvstore.remote._backends import (
     open_backend,
     split_by_bytes,
 )
+from kvstore.remote._blocking import BLOCKING_MIN_BYTES, BlockingReads, Consume
 from kvstore.remote._health import NODE_DOWN, NodeHealth, auth_error, describe
 from kvstore.remote.breaker import BreakerState
 from kvstore.remote.codec import descriptor_key
@@ -49,6 +50,11 @@ from kvstore.remote.stats import RemoteObserver
 __all__ = ["RemoteStore"]
 
 logger = logging.getLogger(__name__)
+
+
+def _keep(index: int, value: bytes) -> bytes:
+    return value
+
 
 DOWN: Any = object()
 """A key's result when its node was unavailable (breaker open, failed, timed out)."""
@@ -79,6 +85,7 @@ class RemoteStore:
         self._timeout_s = config.timeout_s
         self._backend: Backend | None = None
         self._open_lock = asyncio.Lock()
+        self._blocking = BlockingReads(config)
         self._is_closed = False
 
     # -- state ---------------------------------------------------------------------------------
@@ -328,17 +335,110 @@ class RemoteStore:
         """Each key's value; None for a missing key or one of an unavailable node.
         `value_bytes`, the expected size of a value, lets large values go out in pipelines
         of at most `pipeline_bytes` (one round trip per node otherwise)."""
+        return await self.read_many(keys, value_bytes=value_bytes)
 
-        def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
-            for i in indexes:
-                pipe.get(keys[i])
+    async def read_many(
+        self,
+        keys: Sequence[bytes],
+        *,
+        value_bytes: int | None = None,
+        consume: Consume | None = None,
+    ) -> list[Any]:
+        """`get_many`, where each value found becomes what `consume(index, value)` returns
+        (None stays None). Values of at least `BLOCKING_MIN_BYTES` are read on blocking
+        sockets in worker threads (`kvstore.remote._blocking`), and `consume` then runs
+        there, as each pipeline arrives, never after this call returned or was cancelled."""
+        consume = consume or _keep
 
-        def measure(indexes: Sequence[int], results: list[Any]) -> int:
-            return sum(len(r) for r in results if isinstance(r, bytes))
+        if value_bytes is None or value_bytes < BLOCKING_MIN_BYTES:
 
-        sizes = None if value_bytes is None else [value_bytes] * len(keys)
-        results = await self._batched("get", keys, build, measure, sizes)
-        return [r if isinstance(r, bytes) else None for r in results]
+            def build(pipe: AnyPipeline, indexes: Sequence[int]) -> None:
+                for i in indexes:
+                    pipe.get(keys[i])
+
+            def measure(indexes: Sequence[int], results: list[Any]) -> int:
+                return sum(len(r) for r in results if isinstance(r, bytes))
+
+            sizes = None if value_bytes is None else [value_bytes] * len(keys)
+            results = await self._batched("get", keys, build, measure, sizes)
+            return [consume(i, r) if isinstance(r, bytes) else None for i, r in enumerate(results)]
+        results = await self._blocking_gets(keys, value_bytes, consume)
+        moved = [i for i, r in enumerate(results) if isinstance(r, rexc.ResponseError)]
+        if moved and self.is_cluster:  # MOVED/ASK while a cluster reshards: its client follows
+            again = await self.read_many(
+                [keys[i] for i in moved], consume=lambda i, value: consume(moved[i], value)
+            )
+            for index, result in zip(moved, again, strict=True):
+                results[index] = result
+        return [None if r is DOWN or isinstance(r, rexc.RedisError) else r for r in results]
+
+    async def _blocking_gets(
+        self, keys: Sequence[bytes], value_bytes: int, consume: Consume
+    ) -> list[Any]:
+        """`_batched` for large GETs on blocking sockets (`kvstore.remote._blocking`): one
+        worker-thread call per node, under the same deadline, breakers and stats."""
+        out: list[Any] = [DOWN] * len(keys)
+        deadline = self._deadline()
+        backend = await self._backend_by(deadline) if keys else None
+        if backend is None:
+            return out
+
+        async def run(node: str, indexes: list[int]) -> None:
+            if node == UNASSIGNED:
+                return
+            results = await self._blocking_node_call(
+                backend.address(node),
+                [keys[i] for i in indexes],
+                value_bytes,
+                deadline,
+                lambda i, value: consume(indexes[i], value),
+            )
+            for index, result in zip(indexes, results or (), strict=False):
+                out[index] = result
+
+        await asyncio.gather(*(run(node, idx) for node, idx in backend.group(keys).items()))
+        return out
+
+    async def _blocking_node_call(
+        self,
+        node: NodeAddress,
+        keys: list[bytes],
+        value_bytes: int,
+        deadline: float,
+        consume: Consume,
+    ) -> list[Any] | None:
+        """One node's share of `_blocking_gets`; None when the node is down (breaker open, a
+        failure, no answer by `deadline`)."""
+        breaker = self._breaker(node.name)
+        if not breaker.allow():
+            return None
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout_at(deadline):
+                results, trips = await self._blocking.get(
+                    node, keys, value_bytes, deadline, consume
+                )
+        except rexc.AuthenticationError as exc:
+            failure = describe(auth_error(self.config, exc))
+        except TimeoutError:
+            failure = f"no answer within {self._timeout_s * 1000:.0f} ms"
+        except NODE_DOWN as exc:
+            failure = describe(exc)
+        except RuntimeError:  # the store closed under the read: its keys are misses
+            breaker.abandon()
+            return None
+        except BaseException:  # cancelled: not the node's verdict
+            self._observe("get", node.name, len(keys), 0, started, False)
+            breaker.abandon()
+            raise
+        else:
+            for trip in trips:
+                self._health.record("get", node.name, *trip, True)
+            breaker.record_success()
+            return results
+        self._observe("get", node.name, len(keys), 0, started, False)
+        breaker.record_failure(failure)
+        return None
 
     async def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """SET each key to its value; True where the write landed. False for every item when
@@ -446,6 +546,7 @@ class RemoteStore:
     async def close(self) -> None:
         """Close every connection; later calls are misses (and administrative ones raise)."""
         self._is_closed = True
+        self._blocking.close()
         backend, self._backend = self._backend, None
         if backend is not None:
             await backend.aclose()
