@@ -20,10 +20,13 @@ the load itself is the measurement. Remote writes keep the remote tier's figures
 loads from it are declined.
 
 A load the requester waits on has a budget (`wait_budget_s`): twice its expected time, within
-[`EXPLORE_FRACTION`, `margin`] x the recompute; an unmeasured link gets the lower end. Past it
-the requester stops waiting and recomputes (counted as `gave_up`) while the transfer goes on in
-the background, as a measurement and into the CPU tier. So a link that is slower than it looks,
-or not measured yet, costs a request at most that fraction of its recompute, not the transfer.
+[`EXPLORE_FRACTION`, `margin`] x the recompute. An unmeasured remote link gets the lower end (a
+Redis across a network is often slower than recomputing); an unmeasured disk the upper end (a
+local disk almost always pays, and the first disk hits after a restart, before anything is
+measured, are the ones a persistent tier is for). Past it the requester stops waiting and
+recomputes (counted as `gave_up`) while the transfer goes on in the background, as a
+measurement and into the CPU tier. So a tier that is slower than it looks, or not measured yet,
+costs a request at most that fraction of its recompute, not the transfer.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ _MIN_TRANSFER_SAMPLES = 1  # one transfer of a few chunks already says what the 
 EXPLORE_FRACTION = 0.05
 """The least a requester may wait on a load, as a fraction of recomputing its tokens: all it
 waits when the link's speed is not known (a request then costs at most ~1.05x its recompute)."""
+
+
+STEP_JITTER_S = 0.05
+"""The least a requester waits on a load from a measured tier (within `margin` x the recompute):
+the requester learns that its load landed at its next scheduler step, and a step, a thread hop
+or a busy core can outlast twice the expected time of a small load that is going fine."""
 
 
 class _Recent:
@@ -183,16 +192,18 @@ class LoadCostModel:
     ) -> float | None:
         """How long a requester may wait for a load of `num_chunks` chunks from `tier` before
         it recomputes instead (None: no limit, the recompute is not measured): twice the
-        expected load, at least `EXPLORE_FRACTION` and at most `margin` x the recompute; the
-        least when the link is not measured. `num_tokens` as in `decide`."""
+        expected load (at least `STEP_JITTER_S`), at least `EXPLORE_FRACTION` and at most
+        `margin` x the recompute; when the tier is not measured, the least for the remote tier
+        and the most for the disk (module docstring). `num_tokens` as in `decide`."""
         recompute = self.recompute_s(num_chunks, num_tokens=num_tokens)
         if recompute is None:
             return None
         least = EXPLORE_FRACTION * recompute
+        most = max(self.margin * recompute, least)
         expected = self.load_s(tier, num_chunks, round_trips=round_trips)
         if expected is None:
-            return least
-        return min(max(2 * expected, least), max(self.margin * recompute, least))
+            return most if tier is Tier.DISK else least
+        return min(max(2 * expected, least, STEP_JITTER_S), most)
 
     def now(self) -> float:
         """The model's clock (monotonic seconds)."""

@@ -84,6 +84,8 @@ class _Owner:
     held: set[BlockKey] = field(default_factory=set)  # holds to release at load or abandon
     sources: dict[BlockKey, Tier] = field(default_factory=dict)  # promoted from a lower tier
     is_lookup_recorded: bool = False
+    deadline_s: float | None = None  # the most it waits on its promotions (the cost model's)
+    has_given_up: bool = False  # waited past the deadline: no more disk or remote for it
 
 
 class TierPipeline:
@@ -153,16 +155,18 @@ class TierPipeline:
         `is_final`: a partial answer is not counted (the requester asks for other keys next)."""
         self.poll()
         state = self._owners.setdefault(owner, _Owner())
-        if state.promoting:
+        if state.promoting and not self._give_up_if_late(state):
             return _PENDING
         self._release_holds(state)  # asked again: start from a clean slate
         result = self._index.lookup(keys)
-        if result.num_hits < len(keys) and keys[result.num_hits] in self._promoted_by:
-            return _PENDING  # another requester is promoting the rest of this prefix
         num_hits = result.num_hits
-        if result.num_disk_hits:
+        if state.has_given_up:  # what is in CPU now, nothing from below
+            num_hits = _leading(result.tiers, Tier.CPU)
+        elif result.num_hits < len(keys) and keys[result.num_hits] in self._promoted_by:
+            return _PENDING  # another requester is promoting the rest of this prefix
+        elif result.num_disk_hits:
             if self._promotion_pays(result.tiers, token_counts) and self._start_promotion(
-                owner, state, result.keys
+                owner, state, result.keys, self._hit_tokens(result.tiers, token_counts)
             ):
                 if may_wait and self._await_promotion(state, result.num_disk_hits):
                     return self.prepare_lookup(
@@ -203,8 +207,28 @@ class TierPipeline:
         if self._cost is None:
             return True
         num_disk = sum(1 for tier in tiers if tier is Tier.DISK)
-        num_tokens = None if token_counts is None else sum(token_counts[: len(tiers)])
+        num_tokens = self._hit_tokens(tiers, token_counts)
         return self._cost.pays(Tier.DISK, num_disk, num_tokens=num_tokens)
+
+    @staticmethod
+    def _hit_tokens(tiers: Sequence[Tier], token_counts: Sequence[int] | None) -> int | None:
+        return None if token_counts is None else sum(token_counts[: len(tiers)])
+
+    def _give_up_if_late(self, state: _Owner) -> bool:
+        """Past its deadline, the requester stops waiting for its promotions and takes what is
+        in CPU (a slow disk costs it at most the budget); they land in CPU for whoever asks
+        next, and are the disk's measurement."""
+        cost = self._cost
+        if cost is None or state.deadline_s is None or cost.now() < state.deadline_s:
+            return False
+        state.has_given_up = True
+        cost.record_gave_up(Tier.DISK)
+        for key in state.promoting:  # no longer its: released when they land
+            self._promoted_by.pop(key, None)
+            state.sources.pop(key, None)
+        state.promoting.clear()
+        logger.debug("kvstore: a disk promotion ran past its budget; recomputed instead")
+        return True
 
     def _await_promotion(self, state: _Owner, num_chunks: int) -> bool:
         """Wait (without the GIL) up to `promotion_wait_s` for `state`'s promotion to land;
@@ -227,13 +251,19 @@ class TierPipeline:
         if self._cost is not None:
             self._cost.observe_step(num_tokens, duration_s)
 
-    def _start_promotion(self, owner: str, state: _Owner, keys: Sequence[BlockKey]) -> bool:
+    def _start_promotion(
+        self, owner: str, state: _Owner, keys: Sequence[BlockKey], num_tokens: int | None
+    ) -> bool:
         plan = self._index.plan_promotion(list(keys))
         state.held.update(plan.held)
         if not plan.keys:
             return False
         if not self._disk.read(list(plan.items())):
             return False
+        if self._cost is not None and state.deadline_s is None:
+            budget_s = self._cost.wait_budget_s(Tier.DISK, len(plan.keys), num_tokens=num_tokens)
+            if budget_s is not None:
+                state.deadline_s = self._cost.now() + budget_s
         state.promoting.update(plan.keys)
         for key in plan.keys:
             state.sources[key] = Tier.DISK

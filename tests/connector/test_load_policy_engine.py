@@ -138,6 +138,9 @@ def test_a_slow_disk_is_decided_against_and_a_fast_one_is_loaded(
             first.extend(ask(prompt))
         for prompt in warmup(5)[:3]:  # disk hits: the engine measures the disk's reads
             ask(prompt)
+        gave_up = registry.get_sample_value(
+            names.LOAD_DECISIONS, {"tier": "disk", "decision": "gave_up"}
+        )  # the first, before the disk was measured: it waited its budget, not the read
         recompute_labels = {"tier": "disk", "decision": "recompute"}
         before = registry.get_sample_value(names.HIT_TOKENS, {"tier": "disk"}) or 0.0
         recomputed_before = registry.get_sample_value(names.LOAD_DECISIONS, recompute_labels)
@@ -149,6 +152,8 @@ def test_a_slow_disk_is_decided_against_and_a_fast_one_is_loaded(
         )
     if is_slow:
         assert hits == 0 and recomputed == 3
+        assert gave_up == 1
     else:
         assert hits == 3 * HIT_TOKENS and recomputed == 0
+        assert not gave_up
     assert_same_outputs(first[4:7], again)

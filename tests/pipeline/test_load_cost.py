@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from kvstore.keys import BlockKey, Tier
-from kvstore.pipeline.load_cost import EXPLORE_FRACTION, LoadCostModel
+from kvstore.pipeline.load_cost import EXPLORE_FRACTION, STEP_JITTER_S, LoadCostModel
 from kvstore.service.inline_remote import SharedRemote
 
-from .test_pipeline_ops import CHUNK_BYTES, TOKENS, evict_from_cpu, ks, make_rig
+from .test_pipeline_ops import CHUNK_BYTES, TOKENS, Rig, evict_from_cpu, ks, make_rig
 from .test_pipeline_remote import make_engine
 
 
@@ -200,14 +200,88 @@ def test_a_wait_is_budgeted_from_the_expected_load_within_the_recompute() -> Non
     cost, _ = model()
     assert cost.wait_budget_s(Tier.REMOTE, 4) is None  # nothing measured: no limit
     for _ in range(3):
-        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
-    recompute = 4 * TOKENS * 0.001
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.01)
+    recompute = 4 * TOKENS * 0.01
     # the link not measured: the least, a small fraction of the recompute
     assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(EXPLORE_FRACTION * recompute)
-    teach(cost, s_per_token=0.001, remote_latency_s=0.001, remote_s_per_chunk=0.002)
-    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(2 * (0.001 + 4 * 0.002))
-    teach(cost, s_per_token=0.001, remote_latency_s=0.0, remote_s_per_chunk=TOKENS * 0.001)
-    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(cost.margin * recompute)
+
+    def budget(s_per_token: float, latency_s: float, s_per_chunk: float) -> float | None:
+        fresh, _ = model()
+        teach(fresh, s_per_token=s_per_token, remote_latency_s=latency_s,
+              remote_s_per_chunk=s_per_chunk)  # fmt: skip
+        return fresh.wait_budget_s(Tier.REMOTE, 4)
+
+    assert budget(0.01, 0.01, 0.02) == pytest.approx(2 * (0.01 + 4 * 0.02))
+    assert budget(0.01, 0.0, TOKENS * 0.01) == pytest.approx(cost.margin * recompute)
+    # a small load going fine is not given up within a scheduler step's jitter
+    assert budget(0.01, 0.001, 0.001) == pytest.approx(STEP_JITTER_S)
+    assert budget(0.0001, 0.001, 0.001) == pytest.approx(cost.margin * 4 * TOKENS * 0.0001)
+
+
+def test_an_unmeasured_disk_may_take_up_to_the_margin_an_unmeasured_link_only_a_fraction() -> None:
+    cost, _ = model()
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.01)
+    recompute = 4 * TOKENS * 0.01
+    assert cost.wait_budget_s(Tier.DISK, 4) == pytest.approx(cost.margin * recompute)
+    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(EXPLORE_FRACTION * recompute)
+    teach(cost, s_per_token=0.01, disk_s_per_chunk=0.01)
+    assert cost.wait_budget_s(Tier.DISK, 4) == pytest.approx(2 * 4 * 0.01)
+
+
+def _on_disk_only(cost: LoadCostModel, keys: list[BlockKey]) -> Rig:
+    rig = make_rig(cost=cost)
+    rig.store_chunks(keys)
+    rig.settle()
+    evict_from_cpu(rig, keys)
+    return rig
+
+
+@pytest.mark.parametrize("is_measured", [True, False], ids=["measured-disk", "unmeasured-disk"])
+def test_a_disk_promotion_past_its_budget_is_recomputed_and_lands_in_cpu(
+    is_measured: bool,
+) -> None:
+    """A disk that slowed down after it was measured, or one never measured (the budget is
+    then the margin): the requester waits its budget, then takes what is in CPU (nothing),
+    asks nothing more of the disk, and the promotion lands in CPU for the next request."""
+    clock = Clock()
+    cost, decisions = model(clock)
+    rig = _on_disk_only(cost, ks(1, 2))
+    if is_measured:
+        teach(cost, s_per_token=0.001, disk_s_per_chunk=0.001)
+    else:
+        for _ in range(3):
+            cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    budget = cost.wait_budget_s(Tier.DISK, 2)
+    assert budget is not None
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).is_pending  # the read is submitted
+    clock.now += 0.9 * budget
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).is_pending  # within its budget
+    clock.now += 0.2 * budget
+    answer = rig.pipeline.prepare_lookup("r1", ks(1, 2, 3))
+    assert not answer.is_pending and answer.tiers == ()
+    assert decisions == [(Tier.DISK, "load"), (Tier.DISK, "gave_up")]
+    rig.settle()  # the read lands late, in CPU, held by nobody
+    assert rig.index.stats().num_holds == 0
+    assert rig.pipeline.prepare_lookup("r2", ks(1, 2, 3)).tiers == (Tier.CPU, Tier.CPU)
+    evict_from_cpu(rig, ks(1, 2), filler_start=200)  # r1 asks again (preempted): CPU only
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).tiers == ()
+    assert rig.service.num_pending == 0
+
+
+def test_a_disk_promotion_within_its_budget_is_never_given_up() -> None:
+    clock = Clock()
+    cost, decisions = model(clock)
+    rig = _on_disk_only(cost, ks(1, 2))
+    teach(cost, s_per_token=0.001, disk_s_per_chunk=0.001)
+    expected = cost.load_s(Tier.DISK, 2)
+    assert expected is not None
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).is_pending
+    clock.now += 1.5 * expected  # slower than measured, within twice that
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).is_pending
+    rig.settle()
+    assert rig.pipeline.prepare_lookup("r1", ks(1, 2, 3)).tiers == (Tier.DISK, Tier.DISK)
+    assert decisions == [(Tier.DISK, "load")]
 
 
 def _stored_remotely(keys: list[BlockKey]) -> SharedRemote:
