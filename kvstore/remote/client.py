@@ -8,7 +8,9 @@ Guarantees, for every call:
   exception: puts (and gets told the value size) cut a node's group into pipelines of at most
   `pipeline_bytes` (4 MiB) that follow each other, because Redis serves one 64 MiB pipeline of
   4 MiB values 1.4x (GET) to 4x (SET) slower than the same values a few at a time (measured on
-  loopback, redis 7.0, hiredis).
+  loopback, redis 7.0, hiredis). Gets of values of `BLOCKING_MIN_BYTES` and more (KV chunks)
+  run on blocking sockets in worker threads, in pipelines of at most 2 MiB
+  (`kvstore.remote._blocking`), under the same deadline, breakers and stats.
 - A node whose circuit breaker is open costs nothing: its keys are misses (`exists_many` False,
   `get_many` None, `put_many`/`delete_many` False) at once, no I/O. A dead master of a cluster
   costs only its own slots.
@@ -334,7 +336,8 @@ class RemoteStore:
     ) -> list[bytes | None]:
         """Each key's value; None for a missing key or one of an unavailable node.
         `value_bytes`, the expected size of a value, lets large values go out in pipelines
-        of at most `pipeline_bytes` (one round trip per node otherwise)."""
+        of at most `pipeline_bytes` (one round trip per node otherwise), and values of
+        `BLOCKING_MIN_BYTES` or more be read on blocking sockets (`read_many`)."""
         return await self.read_many(keys, value_bytes=value_bytes)
 
     async def read_many(
