@@ -113,6 +113,7 @@ class Fleet:
     routing: Routing = Routing.ROUND_ROBIN
     seed: int = 0
     engine_chunks: int = 0
+    admission_min_sightings: int = 1
 
 
 def _run_all(
@@ -144,6 +145,7 @@ def _run_all(
                     chunk_bytes=plan.chunk_bytes,
                     policy=policy.value,
                     engine_chunks=fleet.engine_chunks,
+                    admission_min_sightings=fleet.admission_min_sightings,
                     routing=fleet.routing.value,
                     seed=fleet.seed,
                 )
@@ -353,6 +355,13 @@ def simulate_command(
     engine_chunks: Annotated[
         int, typer.Option(min=0, help="Chunks the engine's own prefix cache holds (0 = none).")
     ] = 0,
+    admission: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="admission_min_sightings: write a chunk to disk once seen this many times.",
+        ),
+    ] = 1,
     is_sweep: Annotated[bool, typer.Option("--sweep", help="Try every size and policy.")] = False,
     plot: Annotated[Path | None, typer.Option(help="With --sweep: write a PNG here.")] = None,
     make_trace: Annotated[
@@ -377,7 +386,7 @@ def simulate_command(
         plan = SimulationPlan(cpu_bytes, disk_bytes, chunk_bytes, block_size, remote_bytes)
         _check_options(plan, policies, is_sweep=is_sweep, plot=plot)
         prompts = _load(trace)
-        fleet = Fleet(replicas, routing, seed, engine_chunks)
+        fleet = Fleet(replicas, routing, seed, engine_chunks, admission)
         results = _run_all(prompts, plan, policies, fleet)
         rows = [simulation_json(result, plan.chunk_bytes) for result in results]
         if plot is not None:

@@ -56,6 +56,25 @@ def test_simulate_matches_the_library(trace: Path, policy: str) -> None:
     assert doc["cpu_hit_ratio"] == pytest.approx(doc["num_cpu_hit_chunks"] / asked, abs=1e-6)
 
 
+def test_admission_delays_disk_writes_to_a_chunk_s_second_sighting(tmp_path: Path) -> None:
+    """`--admission 2` (`admission_min_sightings`): prompts seen once write nothing to disk;
+    seen twice, they are written at the second sighting (and only then can a third be served
+    from disk)."""
+    path = tmp_path / "twice.jsonl"
+    prompts = [[(7 * p + i) % 900 + 1 for i in range(4 * BLOCK + 5)] for p in range(12)]
+    lines = [f'{{"prompt_token_ids": {prompt}}}' for prompt in prompts * 3]
+    path.write_text("\n".join(lines) + "\n")
+    tiny = ("--cpu-bytes", "8MiB", "--disk-bytes", "256MiB", *SIZES[:4])  # 8 rows, 48 chunks
+    once = run_json("simulate", path, *tiny)
+    twice = run_json("simulate", path, *tiny, "--admission", "2")
+    assert once["num_written_chunks"] == twice["num_written_chunks"] == 12 * 4
+    assert once["num_disk_hit_chunks"] > twice["num_disk_hit_chunks"] > 0
+    single = tmp_path / "once.jsonl"
+    single.write_text("\n".join(lines[:12]) + "\n")
+    assert run_json("simulate", single, *tiny, "--admission", "2")["num_written_chunks"] == 0
+    assert run_json("simulate", single, *tiny)["num_written_chunks"] == 12 * 4
+
+
 def test_simulate_human_prints_hits_per_tier(trace: Path) -> None:
     result = run("simulate", trace, "--cpu-bytes", "8MiB", "--disk-bytes", "32MiB", *SIZES)
     assert result.exit_code == 0, result.stderr
