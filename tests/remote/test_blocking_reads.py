@@ -129,3 +129,34 @@ async def test_closing_the_store_under_a_read_is_a_miss(server: RedisServer) -> 
         loaded = await task
     assert not any(loaded)
     assert await chunks.load_into(keys, rows(8)) == [False] * 8  # closed: misses, no raise
+
+
+def _migrate_slot(cluster: RedisClusterServers, key: bytes) -> None:
+    """Move `key`'s slot (and the keys in it) to another master, as a resharding does."""
+    source = cluster.node_for_key(key)
+    target = next(node for node in cluster.nodes if node is not source)
+    with source.client() as src, target.client() as dst:
+        slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+        source_id = src.execute_command("CLUSTER", "MYID").decode()
+        target_id = dst.execute_command("CLUSTER", "MYID").decode()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    cluster.wait_until_ok()
+
+
+async def test_a_slot_moved_under_the_client_is_followed(cluster: RedisClusterServers) -> None:
+    """The blocking reads go by the client's slot map; after a resharding, the old master
+    answers MOVED and those keys are read again through the cluster client, which follows."""
+    async with RemoteStore(make_config(cluster.url)) as store:
+        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
+        keys = [key(i) for i in range(6)]
+        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        _migrate_slot(cluster, chunks.redis_key(keys[0]))
+        outs = rows(6)
+        assert await chunks.load_into(keys, outs) == [True] * 6
+        assert all(out == payload(i, ROW) for i, out in enumerate(outs))
