@@ -10,14 +10,17 @@ needs the GIL, while a blocking recv releases it.
 
 So `get_many` calls that know their values are large (`BLOCKING_MIN_BYTES`) read them here:
 per node, pipelines of at most `READ_PIPELINE_BYTES`, on a blocking client to that node, in a
-worker thread. Breakers, deadlines and stats stay with the caller
-(`RemoteStore`), which runs each node's call under its deadline; a thread that outlives it stops
-before its next pipeline, and its socket timeout bounds the one in flight.
+worker thread; a read of more than two pipelines is cut in `STRIPES` parts read at once on
+their own connections (the same 63 values, verified and copied into rows: 17.2 ms on one
+connection, 14.0-14.3 ms on two, 14.8-15.0 ms on three). Breakers, deadlines and stats stay
+with the caller (`RemoteStore`), which runs each node's call under its deadline; a thread that
+outlives it stops before its next pipeline, and its socket timeout bounds the one in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +42,11 @@ BLOCKING_MIN_BYTES = 64 << 10
 Consume = Callable[[int, bytes], Any]
 """What a read does with each value it finds: (its index in the keys, the value) -> result."""
 
-_MAX_THREADS = 4  # nodes read at once; a cluster with more masters queues the rest
+_MAX_THREADS = 4  # reads at once; more queue
+
+STRIPES = 2
+"""A node's share of a read larger than two pipelines goes out on this many connections at
+once, each a worker thread (the socket waits without the GIL)."""
 
 READ_PIPELINE_BYTES = 2 << 20
 """The most value bytes one read pipeline asks for (`pipeline_bytes` when smaller). Redis
@@ -78,15 +85,30 @@ class BlockingReads:
         (`time.monotonic`)."""
         gate = _Gate(consume)
         loop = asyncio.get_running_loop()
+        num = len(keys)
+        num_stripes = max(1, min(STRIPES, num * value_bytes // READ_PIPELINE_BYTES))
+        bounds = [num * i // num_stripes for i in range(num_stripes + 1)]
         try:
-            return await loop.run_in_executor(
-                self._pool, self._get, node, list(keys), value_bytes, deadline, gate
-            )
+            parts = await asyncio.gather(*(
+                loop.run_in_executor(
+                    self._pool, self._get, node, list(keys[start:end]), value_bytes, deadline,
+                    gate, start,
+                )
+                for start, end in itertools.pairwise(bounds)
+            ))  # fmt: skip
         finally:
             gate.close()  # cancelled or timed out: the thread may go on, but writes nothing
+        results = [result for part, _ in parts for result in part]
+        return results, [trip for _, trips in parts for trip in trips]
 
     def _get(
-        self, node: NodeAddress, keys: list[bytes], value_bytes: int, deadline: float, gate: _Gate
+        self,
+        node: NodeAddress,
+        keys: list[bytes],
+        value_bytes: int,
+        deadline: float,
+        gate: _Gate,
+        offset: int,
     ) -> tuple[list[Any], list[RoundTrip]]:
         client = self._client(node)
         results: list[Any] = []
@@ -105,7 +127,7 @@ class BlockingReads:
             trips.append(RoundTrip(len(part), num_bytes, time.perf_counter() - started))
             for index, value in zip(part, values, strict=True):
                 is_value = isinstance(value, bytes)
-                results.append(gate.consume(index, value) if is_value else value)
+                results.append(gate.consume(offset + index, value) if is_value else value)
         return results, trips
 
     def _client(self, node: NodeAddress) -> redis.Redis:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvstore.remote import BreakerState, RemoteChunks, RemoteStore, codec
-from kvstore.remote._blocking import BLOCKING_MIN_BYTES, READ_PIPELINE_BYTES
+from kvstore.remote._blocking import BLOCKING_MIN_BYTES, READ_PIPELINE_BYTES, STRIPES
 from tests.support.redis_servers import RedisClusterServers, RedisServer
 
 from .conftest import TIMEOUT_MS, descriptor, key, make_config, payload
@@ -54,6 +54,21 @@ async def test_load_into_copies_verified_values_and_rejects_corrupt_ones(
         per_pipeline = READ_PIPELINE_BYTES // (ROW + codec.HEADER.size)
         gets = store.stats.num_round_trips["get"]
         assert gets == -(-13 // per_pipeline)  # one round trip per pipeline, not per call
+
+
+async def test_a_large_read_is_striped_over_two_connections_each_value_in_its_row(
+    server: RedisServer,
+) -> None:
+    async with RemoteStore(make_config(server.url)) as store:
+        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
+        keys = [key(i) for i in range(24)]  # 6 MiB: two stripes of 12 keys
+        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        outs = rows(24)
+        assert await chunks.load_into(keys, outs) == [True] * 24
+        assert all(out == payload(i, ROW) for i, out in enumerate(outs))
+        per_pipeline = READ_PIPELINE_BYTES // (ROW + codec.HEADER.size)  # 7 keys
+        assert STRIPES == 2
+        assert store.stats.num_round_trips["get"] == 2 * -(-12 // per_pipeline)
 
 
 async def test_cluster_reads_every_node_and_a_killed_master_costs_its_keys(
