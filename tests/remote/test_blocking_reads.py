@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from kvstore.keys import BlockKey
 from kvstore.remote import BreakerState, RemoteChunks, RemoteStore, codec
 from kvstore.remote._blocking import BLOCKING_MIN_BYTES, READ_PIPELINE_BYTES, STRIPES
 from tests.support.redis_servers import RedisClusterServers, RedisServer
@@ -27,6 +28,14 @@ def rows(n: int) -> list[memoryview]:
     return [memoryview(bytearray(ROW)) for _ in range(n)]
 
 
+async def stored(store: RemoteStore, num_chunks: int) -> tuple[RemoteChunks, list[BlockKey]]:
+    """`num_chunks` chunks of ROW bytes written through `store` (chunk i holds payload(i))."""
+    chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
+    keys = [key(i) for i in range(num_chunks)]
+    assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+    return chunks, keys
+
+
 def test_chunks_of_this_size_take_the_blocking_path() -> None:
     assert ROW >= BLOCKING_MIN_BYTES
 
@@ -35,9 +44,7 @@ async def test_load_into_copies_verified_values_and_rejects_corrupt_ones(
     server: RedisServer,
 ) -> None:
     async with RemoteStore(make_config(server.url)) as store:
-        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-        keys = [key(i) for i in range(12)]
-        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        chunks, keys = await stored(store, 12)
         with server.client() as client:  # a byte of chunk 3's payload flipped
             redis_key = chunks.redis_key(keys[3])
             offset = codec.HEADER.size + 1000
@@ -60,9 +67,7 @@ async def test_a_large_read_is_striped_over_two_connections_each_value_in_its_ro
     server: RedisServer,
 ) -> None:
     async with RemoteStore(make_config(server.url)) as store:
-        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-        keys = [key(i) for i in range(24)]  # 6 MiB: two stripes of 12 keys
-        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        chunks, keys = await stored(store, 24)  # 6 MiB: two stripes of 12 keys
         outs = rows(24)
         assert await chunks.load_into(keys, outs) == [True] * 24
         assert all(out == payload(i, ROW) for i, out in enumerate(outs))
@@ -75,9 +80,7 @@ async def test_cluster_reads_every_node_and_a_killed_master_costs_its_keys(
     cluster: RedisClusterServers,
 ) -> None:
     async with RemoteStore(make_config(cluster.url)) as store:
-        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-        keys = [key(i) for i in range(24)]
-        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        chunks, keys = await stored(store, 24)
         outs = rows(24)
         assert await chunks.load_into(keys, outs) == [True] * 24
         assert all(out == payload(i, ROW) for i, out in enumerate(outs))
@@ -99,9 +102,7 @@ async def test_a_hung_server_costs_at_most_the_timeout_and_writes_no_row_later(
     server: RedisServer,
 ) -> None:
     async with RemoteStore(make_config(server.url)) as store:
-        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-        keys = [key(i) for i in range(8)]
-        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        chunks, keys = await stored(store, 8)
         outs = [rows(8) for _ in range(3)]
         with server.paused():
             for out in outs:
@@ -115,9 +116,7 @@ async def test_a_hung_server_costs_at_most_the_timeout_and_writes_no_row_later(
 
 async def test_a_cancelled_read_writes_no_row_after_it_ends(server: RedisServer) -> None:
     async with RemoteStore(make_config(server.url)) as store:
-        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-        keys = [key(i) for i in range(8)]
-        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        chunks, keys = await stored(store, 8)
         outs = rows(8)
         with server.paused():
             task = asyncio.create_task(chunks.load_into(keys, outs))
@@ -133,9 +132,7 @@ async def test_a_cancelled_read_writes_no_row_after_it_ends(server: RedisServer)
 async def test_closing_the_store_under_a_read_is_a_miss(server: RedisServer) -> None:
     store = RemoteStore(make_config(server.url))
     await store.connect()
-    chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-    keys = [key(i) for i in range(8)]
-    assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+    chunks, keys = await stored(store, 8)
     outs = rows(8)
     with server.paused():
         task = asyncio.create_task(chunks.load_into(keys, outs))
@@ -168,9 +165,7 @@ async def test_a_slot_moved_under_the_client_is_followed(cluster: RedisClusterSe
     """The blocking reads go by the client's slot map; after a resharding, the old master
     answers MOVED and those keys are read again through the cluster client, which follows."""
     async with RemoteStore(make_config(cluster.url)) as store:
-        chunks = RemoteChunks(store, descriptor(row_bytes=ROW))
-        keys = [key(i) for i in range(6)]
-        assert all(await chunks.store_many([(k, payload(i, ROW)) for i, k in enumerate(keys)]))
+        chunks, keys = await stored(store, 6)
         _migrate_slot(cluster, chunks.redis_key(keys[0]))
         outs = rows(6)
         assert await chunks.load_into(keys, outs) == [True] * 6
