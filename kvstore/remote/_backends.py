@@ -28,6 +28,7 @@ from kvstore.remote.config import RemoteConfig
 from kvstore.remote.errors import RemoteConfigError
 
 __all__ = [
+    "DOWN",
     "UNASSIGNED",
     "Backend",
     "ClusterBackend",
@@ -42,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 UNASSIGNED = "(unassigned slot)"
 """The node name of keys whose slot no master serves (they fail without a round trip)."""
+
+DOWN: Any = object()
+"""A key's result when its node was unavailable (breaker open, failed, timed out)."""
 
 AnyPipeline = Pipeline | ClusterPipeline
 

@@ -8,13 +8,15 @@ with the asyncio client and 11-13 ms with the blocking one; in a process that al
 engine, every one of the asyncio path's ~250 socket reads per prompt is an event-loop turn that
 needs the GIL, while a blocking recv releases it.
 
-So `get_many` calls that know their values are large (`BLOCKING_MIN_BYTES`) read them here:
+So `get_many` calls that know their values are large (`BLOCKING_MIN_BYTES`) read them here
+(`BlockingReads.read`):
 per node, pipelines of at most `READ_PIPELINE_BYTES`, on a blocking client to that node, in a
 worker thread; a read of more than two pipelines is cut in `STRIPES` parts read at once on
 their own connections (the same 63 values, verified and copied into rows: 17.2 ms on one
-connection, 14.0-14.3 ms on two, 14.8-15.0 ms on three). Breakers, deadlines and stats stay
-with the caller (`RemoteStore`), which runs each node's call under its deadline; a thread that
-outlives it stops before its next pipeline, and its socket timeout bounds the one in flight.
+connection, 14.0-14.3 ms on two, 14.8-15.0 ms on three). Each node's call runs under the
+store's deadline and that node's breaker (`NodeHealth`), and its stats are one round trip per
+pipeline, as on the asyncio path; a thread that outlives the deadline stops before its next
+pipeline, and its socket timeout bounds the one in flight.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstore.remote._backends import NodeAddress, client_kwargs, split_by_bytes
+from kvstore.remote._backends import (
+    DOWN,
+    UNASSIGNED,
+    Backend,
+    NodeAddress,
+    client_kwargs,
+    split_by_bytes,
+)
+from kvstore.remote._health import NodeHealth, node_failure
 from kvstore.remote.config import RemoteConfig
 
 __all__ = ["BLOCKING_MIN_BYTES", "READ_PIPELINE_BYTES", "BlockingReads", "Consume", "RoundTrip"]
@@ -60,12 +70,77 @@ class BlockingReads:
     """Blocking clients, one per node (each with its own connection pool), and the threads
     that use them. Thread-safe; `close` once, from the owner."""
 
-    def __init__(self, config: RemoteConfig) -> None:
+    def __init__(self, config: RemoteConfig, health: NodeHealth) -> None:
         self._config = config
+        self._health = health
         self._clients: dict[str, redis.Redis] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="kvstore-redis-r")
         self._is_closed = False
+
+    async def read(
+        self,
+        backend: Backend,
+        keys: Sequence[bytes],
+        value_bytes: int,
+        consume: Consume,
+        deadline: float,
+    ) -> list[Any]:
+        """Per key: its result (as `get`), or DOWN where its node was unavailable; one call per
+        node, the nodes at once, all by `deadline`."""
+        out: list[Any] = [DOWN] * len(keys)
+
+        async def run(node: str, indexes: list[int]) -> None:
+            if node == UNASSIGNED:
+                return
+            results = await self._node_call(
+                backend.address(node),
+                [keys[i] for i in indexes],
+                value_bytes,
+                deadline,
+                lambda i, value: consume(indexes[i], value),
+            )
+            for index, result in zip(indexes, results or (), strict=False):
+                out[index] = result
+
+        await asyncio.gather(*(run(node, idx) for node, idx in backend.group(keys).items()))
+        return out
+
+    async def _node_call(
+        self,
+        node: NodeAddress,
+        keys: list[bytes],
+        value_bytes: int,
+        deadline: float,
+        consume: Consume,
+    ) -> list[Any] | None:
+        """One node's share of `read`, under its breaker; None when the node is down (breaker
+        open, a failure, no answer by `deadline`)."""
+        health = self._health
+        breaker = health.breaker(node.name)
+        if not breaker.allow():
+            return None
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout_at(deadline):
+                results, trips = await self.get(node, keys, value_bytes, deadline, consume)
+        except RuntimeError:  # the store closed under the read: its keys are misses
+            breaker.abandon()
+            return None
+        except BaseException as exc:
+            health.observe("get", node.name, len(keys), 0, started, False)
+            failure: str | None = node_failure(self._config, exc)
+            if isinstance(exc, TimeoutError):  # the deadline (asyncio's, or the thread's own)
+                failure = f"no answer within {self._config.timeout_s * 1000:.0f} ms"
+            if failure is None:  # cancelled: not the node's verdict
+                breaker.abandon()
+                raise
+            breaker.record_failure(failure)
+            return None
+        for trip in trips:
+            health.record("get", node.name, *trip, True)
+        breaker.record_success()
+        return results
 
     async def get(
         self,

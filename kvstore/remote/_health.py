@@ -17,7 +17,7 @@ from kvstore.remote.config import RemoteConfig
 from kvstore.remote.errors import RemoteAuthError
 from kvstore.remote.stats import RemoteObserver, RemoteStats
 
-__all__ = ["NODE_DOWN", "NodeHealth", "auth_error", "describe"]
+__all__ = ["NODE_DOWN", "NodeHealth", "auth_error", "describe", "node_failure"]
 
 NODE_DOWN = (
     rexc.ConnectionError,  # refused, reset, busy loading, max connections
@@ -48,6 +48,16 @@ def auth_error(config: RemoteConfig, exc: BaseException) -> RemoteAuthError:
     else:
         hint = f"the password in ${config.password_env} was refused"
     return RemoteAuthError(f"remote_password_env: {where}: {hint} ({describe(exc)})")
+
+
+def node_failure(config: RemoteConfig, exc: BaseException) -> str | None:
+    """Why `exc` counts against its node's breaker, in one line; None when it does not (a
+    cancellation, or a bug: not the node's verdict)."""
+    if isinstance(exc, rexc.AuthenticationError):  # a ConnectionError: checked first
+        return describe(auth_error(config, exc))
+    if isinstance(exc, NODE_DOWN):
+        return describe(exc)
+    return None
 
 
 class NodeHealth:

@@ -34,19 +34,20 @@ from typing import Any
 from redis import exceptions as rexc
 
 from kvstore.remote._backends import (
+    DOWN,
     UNASSIGNED,
     AnyPipeline,
     Backend,
     NodeAddress,
-    open_backend,
     split_by_bytes,
 )
 from kvstore.remote._blocking import BLOCKING_MIN_BYTES, BlockingReads, Consume
-from kvstore.remote._health import NODE_DOWN, NodeHealth, auth_error, describe
+from kvstore.remote._health import NODE_DOWN, NodeHealth, describe, node_failure
+from kvstore.remote._link import Link
 from kvstore.remote.breaker import BreakerState
 from kvstore.remote.codec import descriptor_key
 from kvstore.remote.config import RemoteConfig
-from kvstore.remote.errors import RemoteConfigError, RemoteUnavailableError
+from kvstore.remote.errors import RemoteUnavailableError
 from kvstore.remote.stats import RemoteObserver
 
 __all__ = ["RemoteStore"]
@@ -56,10 +57,6 @@ logger = logging.getLogger(__name__)
 
 def _keep(index: int, value: bytes) -> bytes:
     return value
-
-
-DOWN: Any = object()
-"""A key's result when its node was unavailable (breaker open, failed, timed out)."""
 
 
 class RemoteStore:
@@ -85,12 +82,14 @@ class RemoteStore:
         self._breaker = self._health.breaker
         self._observe = self._health.observe
         self._timeout_s = config.timeout_s
-        self._backend: Backend | None = None
-        self._open_lock = asyncio.Lock()
-        self._blocking = BlockingReads(config)
-        self._is_closed = False
+        self._link = Link(config, self._health)
+        self._blocking = BlockingReads(config, self._health)
 
     # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def _backend(self) -> Backend | None:
+        return self._link.backend
 
     @property
     def is_connected(self) -> bool:
@@ -125,74 +124,10 @@ class RemoteStore:
         open, retried later by the calls themselves) when the server is unreachable; raises
         `RemoteAuthError` for refused credentials, `RemoteConfigError` for a URL that does not
         match the server (a seed list pointing at a standalone server)."""
-        if self._backend is not None:
-            return True
-        if self._is_closed:
-            return False
-        started = time.perf_counter()
-        try:
-            async with asyncio.timeout(self._timeout_s), self._open_lock:
-                if self._backend is None:
-                    self._backend = await open_backend(self.config)
-        except rexc.AuthenticationError as exc:
-            raise auth_error(self.config, exc) from None
-        except NODE_DOWN as exc:
-            self._observe("connect", self._seed_name, 0, 0, started, False)
-            self._seed.trip(f"unreachable at start: {describe(exc)}")
-            logger.warning(
-                "remote tier %s unreachable at start (%s); serving from the local tiers, "
-                "retrying in %.3g s",
-                self.config.endpoint.display(),
-                describe(exc),
-                self._seed.retry_in_s,
-            )
-            return False
-        self._observe("connect", self._seed_name, 0, 0, started, True)
-        self._seed.record_success()
-        logger.info(
-            "remote tier %s connected (%s)",
-            self.config.endpoint.display(),
-            "cluster" if self._backend.is_cluster else "standalone",
-        )
-        return True
-
-    async def _ensure_backend(self) -> Backend | None:
-        """The backend, connecting now if allowed (the seed breaker paces reconnects)."""
-        if self._backend is not None or self._is_closed:
-            return self._backend
-        if not self._seed.allow():
-            return None
-        started = time.perf_counter()
-        try:
-            async with self._open_lock:
-                if self._backend is None:
-                    self._backend = await open_backend(self.config)
-        except (rexc.AuthenticationError, RemoteConfigError) as exc:
-            auth = isinstance(exc, rexc.AuthenticationError)
-            logger.error(
-                "remote tier: reconnecting failed: %s",
-                auth_error(self.config, exc) if auth else exc,
-            )
-            self._seed.record_failure(type(exc).__name__)
-            return None
-        except NODE_DOWN as exc:
-            self._observe("connect", self._seed_name, 0, 0, started, False)
-            self._seed.record_failure(describe(exc))
-            return None
-        except BaseException:
-            self._seed.abandon()
-            raise
-        self._observe("connect", self._seed_name, 0, 0, started, True)
-        self._seed.record_success()
-        return self._backend
+        return await self._link.connect()
 
     async def _backend_by(self, deadline: float) -> Backend | None:
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await self._ensure_backend()
-        except TimeoutError:
-            self._seed.record_failure(f"no answer within {self._timeout_s * 1000:.0f} ms")
-            return None
+        return await self._link.backend_by(deadline)
 
     async def ensure_connected(self) -> bool:
         """Connected, or connected now if the breaker allows a try (within the timeout)."""
@@ -220,14 +155,12 @@ class RemoteStore:
             pipe = backend.pipeline(node)
             build(pipe)
             results: list[Any] = await pipe.execute(raise_on_error=False)
-        except rexc.AuthenticationError as exc:
-            failure = describe(auth_error(self.config, exc))
-        except NODE_DOWN as exc:
-            failure = describe(exc)
-        except BaseException:  # cancelled (our deadline or the caller): not the node's verdict
-            self._observe(op, node, num_keys, 0, started, False)
-            breaker.abandon()
-            raise
+        except BaseException as exc:
+            failure = node_failure(self.config, exc)
+            if failure is None:  # cancelled (our deadline or the caller): not the node's verdict
+                self._observe(op, node, num_keys, 0, started, False)
+                breaker.abandon()
+                raise
         else:
             down = [r for r in results if isinstance(r, NODE_DOWN)]
             if not down or len(down) < len(results):
@@ -365,7 +298,11 @@ class RemoteStore:
             sizes = None if value_bytes is None else [value_bytes] * len(keys)
             results = await self._batched("get", keys, build, measure, sizes)
             return [consume(i, r) if isinstance(r, bytes) else None for i, r in enumerate(results)]
-        results = await self._blocking_gets(keys, value_bytes, consume)
+        deadline = self._deadline()
+        backend = await self._backend_by(deadline) if keys else None
+        if backend is None:
+            return [None] * len(keys)
+        results = await self._blocking.read(backend, keys, value_bytes, consume, deadline)
         moved = [i for i, r in enumerate(results) if isinstance(r, rexc.ResponseError)]
         if moved and self.is_cluster:  # MOVED/ASK while a cluster reshards: its client follows
             again = await self.read_many(
@@ -374,74 +311,6 @@ class RemoteStore:
             for index, result in zip(moved, again, strict=True):
                 results[index] = result
         return [None if r is DOWN or isinstance(r, rexc.RedisError) else r for r in results]
-
-    async def _blocking_gets(
-        self, keys: Sequence[bytes], value_bytes: int, consume: Consume
-    ) -> list[Any]:
-        """`_batched` for large GETs on blocking sockets (`kvstore.remote._blocking`): one
-        worker-thread call per node, under the same deadline, breakers and stats."""
-        out: list[Any] = [DOWN] * len(keys)
-        deadline = self._deadline()
-        backend = await self._backend_by(deadline) if keys else None
-        if backend is None:
-            return out
-
-        async def run(node: str, indexes: list[int]) -> None:
-            if node == UNASSIGNED:
-                return
-            results = await self._blocking_node_call(
-                backend.address(node),
-                [keys[i] for i in indexes],
-                value_bytes,
-                deadline,
-                lambda i, value: consume(indexes[i], value),
-            )
-            for index, result in zip(indexes, results or (), strict=False):
-                out[index] = result
-
-        await asyncio.gather(*(run(node, idx) for node, idx in backend.group(keys).items()))
-        return out
-
-    async def _blocking_node_call(
-        self,
-        node: NodeAddress,
-        keys: list[bytes],
-        value_bytes: int,
-        deadline: float,
-        consume: Consume,
-    ) -> list[Any] | None:
-        """One node's share of `_blocking_gets`; None when the node is down (breaker open, a
-        failure, no answer by `deadline`)."""
-        breaker = self._breaker(node.name)
-        if not breaker.allow():
-            return None
-        started = time.perf_counter()
-        try:
-            async with asyncio.timeout_at(deadline):
-                results, trips = await self._blocking.get(
-                    node, keys, value_bytes, deadline, consume
-                )
-        except rexc.AuthenticationError as exc:
-            failure = describe(auth_error(self.config, exc))
-        except TimeoutError:
-            failure = f"no answer within {self._timeout_s * 1000:.0f} ms"
-        except NODE_DOWN as exc:
-            failure = describe(exc)
-        except RuntimeError:  # the store closed under the read: its keys are misses
-            breaker.abandon()
-            return None
-        except BaseException:  # cancelled: not the node's verdict
-            self._observe("get", node.name, len(keys), 0, started, False)
-            breaker.abandon()
-            raise
-        else:
-            for trip in trips:
-                self._health.record("get", node.name, *trip, True)
-            breaker.record_success()
-            return results
-        self._observe("get", node.name, len(keys), 0, started, False)
-        breaker.record_failure(failure)
-        return None
 
     async def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """SET each key to its value; True where the write landed. False for every item when
@@ -548,11 +417,8 @@ class RemoteStore:
 
     async def close(self) -> None:
         """Close every connection; later calls are misses (and administrative ones raise)."""
-        self._is_closed = True
         self._blocking.close()
-        backend, self._backend = self._backend, None
-        if backend is not None:
-            await backend.aclose()
+        await self._link.close()
 
     async def __aenter__(self) -> RemoteStore:
         await self.connect()
