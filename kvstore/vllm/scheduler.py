@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from kvstore.vllm.hybrid import NULL_BLOCK_ID, GroupChunk, HybridPlanner
 from kvstore.vllm.hybrid_lookup import HybridLookups
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from kvstore.vllm.requests import JobState, RequestState
+from kvstore.vllm.step_timing import StepTimer
 from kvstore.vllm.store_plans import ChunksByGroup, StorePlans
 from kvstore.vllm.vllm_metrics import StepCounters
 
@@ -89,9 +89,7 @@ class ConnectorScheduler:
         self._pending_loads: list[CopyJob] = []
         self._pending_stores: list[CopyJob] = []  # planned outside a step (request ends)
         self._pending_finished: list[str] = []
-        self._step_ids = itertools.count(1)
-        self._timed: dict[int, tuple[float, int]] = {}  # step id -> (scheduled at, tokens)
-        self._last_output_s = 0.0
+        self._timer = StepTimer(geometry.num_tokens_per_chunk, self._observe_step)
         self.step_counters = StepCounters()  # deltas for vLLM's own /metrics
         pipeline.add_observer(self.step_counters)
 
@@ -272,9 +270,8 @@ class ConnectorScheduler:
         # I/O threads it waits on); wait briefly for the first answer instead.
         idle = scheduler_output.total_num_scheduled_tokens == 0
         self._pipeline.poll(wait_s=_IDLE_WAIT_S if idle else 0.0)
-        meta = KVStoreConnectorMetadata(
-            load_jobs=self._pending_loads, timed_step=self._start_timing(scheduler_output)
-        )
+        timed_step = self._timer.start(scheduler_output.total_num_scheduled_tokens)
+        meta = KVStoreConnectorMetadata(load_jobs=self._pending_loads, timed_step=timed_step)
         self._pending_loads = []
         self._sync_load_bytes = 0  # the next schedule() is a new step
         self._update_block_ids(scheduler_output)
@@ -357,7 +354,7 @@ class ConnectorScheduler:
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
-        self._time_steps(meta.timed_steps if isinstance(meta, KVStoreWorkerMetadata) else ())
+        self._timer.outputs(meta.timed_steps if isinstance(meta, KVStoreWorkerMetadata) else ())
         if isinstance(meta, KVStoreWorkerMetadata):
             if meta.layout is not None and self._on_layout is not None:
                 self._on_layout(meta.layout)
@@ -368,29 +365,8 @@ class ConnectorScheduler:
                 del self._reqs[req_id]
         self._pipeline.poll()
 
-    def _start_timing(self, scheduler_output: SchedulerOutput) -> int:
-        """A step that computes at least a chunk of tokens is timed, for the cost of recompute
-        (`load_policy: cost`): its id goes to the workers, which echo it with its output."""
-        num_tokens = scheduler_output.total_num_scheduled_tokens
-        if num_tokens < self._geo.num_tokens_per_chunk:
-            return 0
-        step_id = next(self._step_ids)
-        self._timed[step_id] = (time.perf_counter(), num_tokens)
-        while len(self._timed) > 4:  # outputs that never came back (a failed step)
-            del self._timed[next(iter(self._timed))]
-        return step_id
-
-    def _time_steps(self, step_ids: Iterable[int]) -> None:
-        """Outputs are back: how long each timed step computed. Under async scheduling the
-        next step is scheduled while this one runs, so a step's compute starts at the previous
-        output, not at its schedule."""
-        now = time.perf_counter()
-        for step_id in step_ids:
-            timed = self._timed.pop(step_id, None)
-            if timed is not None:
-                scheduled_s, num_tokens = timed
-                self._pipeline.observe_step(num_tokens, now - max(scheduled_s, self._last_output_s))
-        self._last_output_s = now
+    def _observe_step(self, num_tokens: int, duration_s: float) -> None:
+        self._pipeline.observe_step(num_tokens, duration_s)
 
     def _settle_jobs(self, meta: KVStoreWorkerMetadata) -> None:
         if self._metrics is not None:
