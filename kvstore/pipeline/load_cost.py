@@ -205,6 +205,24 @@ class LoadCostModel:
             return most if tier is Tier.DISK else least
         return min(max(2 * expected, least, STEP_JITTER_S), most)
 
+    def deadline_s(
+        self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
+    ) -> float | None:
+        """When a requester that starts waiting now on this load stops waiting (this model's
+        clock; None: no limit): now + `wait_budget_s`."""
+        budget_s = self.wait_budget_s(
+            tier, num_chunks, round_trips=round_trips, num_tokens=num_tokens
+        )
+        return None if budget_s is None else self._clock() + budget_s
+
+    def gives_up(self, tier: Tier, deadline_s: float | None) -> bool:
+        """Whether a requester waiting on `tier` is past `deadline_s`; counted (`gave_up`)
+        when it is."""
+        if deadline_s is None or self._clock() < deadline_s:
+            return False
+        self.record_gave_up(tier)
+        return True
+
     def now(self) -> float:
         """The model's clock (monotonic seconds)."""
         return self._clock()

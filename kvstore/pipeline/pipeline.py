@@ -218,11 +218,9 @@ class TierPipeline:
         """Past its deadline, the requester stops waiting for its promotions and takes what is
         in CPU (a slow disk costs it at most the budget); they land in CPU for whoever asks
         next, and are the disk's measurement."""
-        cost = self._cost
-        if cost is None or state.deadline_s is None or cost.now() < state.deadline_s:
+        if self._cost is None or not self._cost.gives_up(Tier.DISK, state.deadline_s):
             return False
         state.has_given_up = True
-        cost.record_gave_up(Tier.DISK)
         for key in state.promoting:  # no longer its: released when they land
             self._promoted_by.pop(key, None)
             state.sources.pop(key, None)
@@ -261,9 +259,9 @@ class TierPipeline:
         if not self._disk.read(list(plan.items())):
             return False
         if self._cost is not None and state.deadline_s is None:
-            budget_s = self._cost.wait_budget_s(Tier.DISK, len(plan.keys), num_tokens=num_tokens)
-            if budget_s is not None:
-                state.deadline_s = self._cost.now() + budget_s
+            state.deadline_s = self._cost.deadline_s(
+                Tier.DISK, len(plan.keys), num_tokens=num_tokens
+            )
         state.promoting.update(plan.keys)
         for key in plan.keys:
             state.sources[key] = Tier.DISK

@@ -141,19 +141,16 @@ class RemoteSteps:
         """The requester's deadline, from its first remote request on (probe and fetch)."""
         if self._cost is None or state.deadline_s is not None:
             return
-        budget_s = self._cost.wait_budget_s(
+        state.deadline_s = self._cost.deadline_s(
             Tier.REMOTE, num_chunks, round_trips=round_trips, num_tokens=num_tokens
         )
-        if budget_s is not None:
-            state.deadline_s = self._cost.now() + budget_s
 
     def _give_up_if_late(self, state: RemoteLookup) -> bool:
         """Past its deadline, the requester recomputes; what is in flight lands in CPU for
         whoever asks next (and is the link's measurement)."""
-        if self._cost is None or state.deadline_s is None or self._cost.now() < state.deadline_s:
+        if self._cost is None or not self._cost.gives_up(Tier.REMOTE, state.deadline_s):
             return False
         state.has_given_up = True
-        self._cost.record_gave_up(Tier.REMOTE)
         logger.debug("kvstore: a remote load ran past its budget; recomputed instead")
         return True
 
