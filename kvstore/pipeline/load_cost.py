@@ -223,10 +223,6 @@ class LoadCostModel:
         self.record_gave_up(tier)
         return True
 
-    def now(self) -> float:
-        """The model's clock (monotonic seconds)."""
-        return self._clock()
-
     def pays(
         self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
     ) -> bool:
