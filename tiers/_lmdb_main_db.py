@@ -1,13 +1,18 @@
-"""Is a snapshot's main database readable without LMDB reading past the data file's end?
+"""Is a snapshot's tree readable without LMDB reading past the data file's end?
 
 LMDB's main database holds one record per named database; opening a store reads it (the
 named databases' handles), and the main database's root is the last page a commit writes, so
 it sits at the file's end. LMDB trusts a page's node sizes: a damaged node whose key or data
 size reaches past the page makes it copy bytes from wherever that points, and past the file's
-end the process dies with SIGBUS. This walk reads the main database's pages with pread (never
-through the map) and checks each node lies inside its page, each child page and each named
-database's root inside the file. The format is mdb.c's (LMDB 0.9, 64-bit; see
-`tiers._lmdb_pages`).
+end the process dies with SIGBUS. The same holds for a value's node in a named database: one
+damaged byte of its size (a value on overflow pages) makes a read of that value (py-lmdb
+touches every page of it, even for a buffer) run past the file's end (found by the damage
+fuzz). This walk reads the main database's pages and every named database's tree pages with
+pread (never through the map; overflow pages, the values' bytes, are not read) and checks each
+node lies inside its page, each child page, each named database's root and each value's
+overflow pages inside the file. The format is mdb.c's (LMDB 0.9, 64-bit; see
+`tiers._lmdb_pages`). Tree pages are a small part of a store (a 4 KiB leaf page holds the nodes
+of ~80 values), so the walk reads a few MiB of a store of GiBs.
 
 Without a read transaction a concurrent commit may reuse a page under the walk; the caller
 reads the meta page again after the walk and trusts the answer only if no commit came between
@@ -33,33 +38,37 @@ from tiers._lmdb_pages import (
 __all__ = ["main_db_problem"]
 
 _DB_RECORD_BYTES = 48  # MDB_db; md_root at 40
-_MAX_PAGES = 64  # a store's main database has a handful of records: one page
 
 
 def main_db_problem(fd: int, meta: Meta, file_bytes: int) -> str:
-    """Why LMDB cannot read `meta`'s main database within the file ("" if it can)."""
+    """Why LMDB cannot read `meta`'s main database and named databases within the file (""
+    if it can)."""
     page_bytes = meta.page_bytes
     end_page = file_bytes // page_bytes
     if meta.main_root == _INVALID_PAGE:
         return ""
-    pending, seen = [meta.main_root], 0
-    while pending:
+    main: list[int] = [meta.main_root]
+    named: list[int] = []  # roots and pages of the named databases, walked after the main one
+    seen: set[int] = set()
+    while main or named:
+        tree, pending = ("the main database", main) if main else ("a named database", named)
         number = pending.pop()
         if not 2 <= number < end_page:
-            return f"the main database's page {number} lies outside the file ({end_page} pages)"
-        seen += 1
-        if seen > _MAX_PAGES:
-            return "the main database has more pages than it can (a cycle)"
+            return f"{tree}'s page {number} lies outside the file ({end_page} pages)"
+        if number in seen:
+            return f"{tree} reaches page {number} twice (a cycle)"
+        seen.add(number)
         page = os.pread(fd, page_bytes, number * page_bytes)
-        problem = _page_problem(page, number, page_bytes, end_page, pending)
+        problem = _page_problem(page, number, page_bytes, end_page, pending, named)
         if problem:
-            return f"the main database's page {number} is damaged: {problem}"
+            return f"{tree}'s page {number} is damaged: {problem}"
     return ""
 
 
 def _page_problem(
-    page: bytes, number: int, page_bytes: int, end_page: int, pending: list[int]
+    page: bytes, number: int, page_bytes: int, end_page: int, pending: list[int], named: list[int]
 ) -> str:
+    """Checks one tree page; its children go to `pending`, named databases' roots to `named`."""
     if len(page) < page_bytes:
         return "cut short"
     pgno, _, flags, lower, upper = struct.unpack_from("<QHHHH", page, 0)
@@ -81,14 +90,14 @@ def _page_problem(
             pending.append(child)
             continue
         data_bytes = lo | hi << 16
-        problem = _leaf_node_problem(page, data_at, data_bytes, node_flags, end_page)
+        problem = _leaf_node_problem(page, data_at, data_bytes, node_flags, end_page, named)
         if problem:
             return problem
     return ""
 
 
 def _leaf_node_problem(
-    page: bytes, data_at: int, data_bytes: int, node_flags: int, end_page: int
+    page: bytes, data_at: int, data_bytes: int, node_flags: int, end_page: int, named: list[int]
 ) -> str:
     page_bytes = len(page)
     if node_flags & _F_BIGDATA:  # the data is on overflow pages: its first page number here
@@ -107,4 +116,6 @@ def _leaf_node_problem(
         (root,) = struct.unpack_from("<Q", page, data_at + 40)
         if root != _INVALID_PAGE and not 2 <= root < end_page:
             return f"a named database's root (page {root}) lies outside the file"
+        if root != _INVALID_PAGE:
+            named.append(root)  # its tree is walked too
     return ""

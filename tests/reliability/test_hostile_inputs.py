@@ -60,6 +60,8 @@ def test_lmdb_tier_options_never_break_the_rule() -> None:
 # of the meta page's format version (py-lmdb's "format vN is not supported": exit 2)
 @example(offset_fraction=0.973425183741246, length=1600, cut=False, seed=92)
 @example(offset_fraction=0.0001, length=1, cut=False, seed=0)
+# one byte of a value's size in the data database's leaf node (a read of it ran past the end)
+@example(offset_fraction=0.06952285013513905, length=1, cut=False, seed=0)
 def test_damaged_data_file_bytes_never_crash_the_cli(
     offset_fraction: float, length: int, cut: bool, seed: int
 ) -> None:
