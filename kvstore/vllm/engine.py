@@ -173,15 +173,16 @@ def reset_prefix_cache(llm: Any, timeout_s: float = 10.0) -> bool:
 
 def drain(llm: Any, timeout_s: float = 30.0) -> None:
     """Step an in-process engine until kvstore has no copy job, promotion or disk write in
-    flight, then apply their results (the store is then complete and the index settled)."""
+    flight and no finished request waits for vLLM to release its blocks, then apply their
+    results (the store is then complete and the index settled)."""
     connector = scheduler_connector(llm)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         runtime = connector.runtime
         service = runtime.service if runtime is not None else None
-        busy = connector.scheduler.has_pending_work() or (
-            service is not None and not service.wait_idle(0)
-        )
+        scheduler = connector.scheduler
+        busy = scheduler.has_pending_work() or scheduler.has_unreleased_requests()
+        busy = busy or (service is not None and not service.wait_idle(0))
         if not busy:
             connector.scheduler.settle()
             return

@@ -436,6 +436,13 @@ class ConnectorScheduler:
         promotion keeps the engine stepping anyway), so they do not make vLLM spin."""
         return bool(self._jobs)
 
+    def has_unreleased_requests(self) -> bool:
+        """Finished requests whose blocks vLLM still holds until the workers confirm their
+        stores (`finished_sending`, one step after `request_finished`, even when the stores
+        completed in the step the request finished): vLLM steps on for them by itself
+        (`has_finished_requests`); a drain of an idle engine must too."""
+        return any(state.is_waiting_for_stores for state in self._reqs.values())
+
     @property
     def num_tracked_requests(self) -> int:
         return len(self._reqs)

@@ -245,3 +245,25 @@ def test_steps_that_compute_a_chunk_are_timed_by_the_output_that_echoes_them(
     assert len(observed) == 1
     num_tokens, duration_s = observed[0]
     assert num_tokens == len(PROMPT) and 0 < duration_s < 5
+
+
+def test_stores_done_in_the_step_a_request_finishes_still_wait_for_its_release(
+    harness: Harness,
+) -> None:
+    """vLLM ends a request before it hands the connector that step's worker output: the
+    request's last store completes in the same step, so no job is left, yet vLLM holds its
+    blocks until the next step's `finished_sending` (a drain that stopped at "no job" left it
+    tracked: the reliability suite's live-ops leak)."""
+    request = new_request("a", PROMPT)
+    harness.scheduler.track(request)
+    harness.scheduler.get_num_new_matched_tokens(request, 0)
+    (job,) = step(harness, request, [0, 1, 2]).store_jobs
+    assert harness.scheduler.request_finished(request) == (True, None)
+    report(harness, job.job_id)  # the same step's output: the store is done
+    assert not harness.scheduler.has_pending_work()
+    assert harness.scheduler.has_unreleased_requests()
+    meta = harness.scheduler.build_connector_meta(scheduler_output())
+    assert meta.finished_store_reqs == ["a"]
+    report(harness, finished=frozenset({"a"}))
+    assert not harness.scheduler.has_unreleased_requests()
+    assert harness.scheduler.num_tracked_requests == 0
