@@ -35,6 +35,16 @@ def test_the_gate_passes_an_engine_as_fast_without_kvstore_and_fails_a_slower_on
     assert "no-hit throughput with kvstore 0.6" in message and "FAILED" in message
 
 
+def test_the_gate_is_a_regression_guard_below_the_target() -> None:
+    """The disk write-through's known cost on a fast 2-core VM (CI: prefill 0.786x, decode
+    0.912x) passes; the target (0.97x) is reported, not gated."""
+    ok, message = gate(_size([0.51, 1.02, 0.51], [1.64, 1.65, 2.85]))
+    assert ok, message
+    assert "no-hit throughput with kvstore 0.8" in message and "gate >= 0.75x): ok" in message
+    ok, message = gate(_size([0.56, 1.1, 0.56], [2.1, 2.1, 3.6]))  # 0.71-0.73x: fails
+    assert not ok and "FAILED" in message
+
+
 def test_the_gate_fails_a_slow_cpu_hit_even_when_throughput_is_kept() -> None:
     size = _size([0.4, 0.8, 0.4], [1.5, 1.5, 2.6])
     size.times["kvstore_cpu"] = [0.6] * 3
