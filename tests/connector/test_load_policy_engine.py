@@ -6,6 +6,13 @@ link with 60 ms of latency each way, kvstore decides against Redis before the re
 it (no hit, decisions counted as "recompute"); with `load_policy: always` the same engine loads
 through the same link (so the chunks were there and the link works); on the direct loopback
 link the cost policy loads them. The same for the disk tier, slowed by a delay in its reads.
+
+The Redis case runs the engine's prefill at a fixed, slower rate (a delay per scheduled token
+before each forward, `slow_prefill`): the 2-layer tiny model recomputes 192 tokens in a few ms
+on a fast machine, which an in-process Redis round trip can outlast, so whether loopback Redis
+paid depended on the machine (CI on an AVX-512/AMX VM decided "recompute" for all three). At
+0.4 ms per token a 192-token recompute takes ~80 ms: the loopback fetch (~192 KiB) pays on any
+machine, the slow link (two 120 ms round trips) never does.
 """
 
 from __future__ import annotations
@@ -87,7 +94,25 @@ def _serve(model: Path, url: str, policy: str, prompts: Sequence[list[int]], see
     return Served(hits, decisions, runs)
 
 
+PREFILL_S_PER_TOKEN = 0.0004
+
+
+@pytest.fixture
+def slow_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every forward of the in-process engine first waits 0.4 ms per scheduled token."""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    execute = CPUWorker.execute_model
+
+    def slowed(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(PREFILL_S_PER_TOKEN * scheduler_output.total_num_scheduled_tokens)
+        return execute(self, scheduler_output, *args, **kwargs)
+
+    monkeypatch.setattr(CPUWorker, "execute_model", slowed)
+
+
 @pytest.mark.redis
+@pytest.mark.usefixtures("slow_prefill")
 def test_a_slow_redis_is_decided_against_and_a_fast_one_is_loaded(tiny_model_dir: Path) -> None:
     with redis_server() as server:
         filled = _serve(tiny_model_dir, server.url, "always", PROMPTS, seed=1)
