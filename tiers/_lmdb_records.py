@@ -170,31 +170,71 @@ def namespace_record(
     txn: lmdb.Transaction[Any], shared: SharedEnv, namespace: str
 ) -> NamespaceRecord | None:
     """`namespace`'s registration, or None. Raises StoreDamagedError if it is damaged, or if
-    another registration claims its ordinal (a flipped bit there would otherwise hand one
-    namespace's chunks, checksums intact, to another: two models can share keys)."""
+    which ordinal it owns cannot be trusted: another registration claims the same one, another
+    registration is damaged (it may have owned this ordinal: "B damaged, A at ordinal 1" and
+    "A's record lost its bytes, B's rewritten to ordinal 1" look the same), or chunks are stored
+    under an ordinal no registration claims (a registration lost or rewritten). A flipped bit
+    there would otherwise hand one namespace's chunks, checksums intact, to another: two models
+    can share keys."""
     name = check_namespace(namespace)
     raw = txn.get(name, db=shared.dbs[b"namespaces"])
     if raw is None:
         return None
     record = decode_namespace(shared.path, name, raw)
+    what = f"registration of namespace {namespace[:64]!r}"
+    claimed = {record.ordinal}
     for key, value in txn.cursor(db=shared.dbs[b"namespaces"]):
-        if bytes(key) != name and _claims(value, record.ordinal):
-            other = bytes(key).decode(errors="replace")[:64]
-            raise damaged(
-                shared.path,
-                f"registration of namespace {namespace[:64]!r}",
-                f"namespace {other!r} claims the same ordinal {record.ordinal}",
-            )
+        if bytes(key) == name:
+            continue
+        other = bytes(key).decode(errors="replace")[:64]
+        other_ordinal = _claimed_ordinal(value)
+        if other_ordinal is None:
+            why = f"namespace {other!r}'s registration is damaged: the ordinal it owns is unknown"
+            raise damaged(shared.path, what, why)
+        if other_ordinal == record.ordinal:
+            why = f"namespace {other!r} claims the same ordinal {record.ordinal}"
+            raise damaged(shared.path, what, why)
+        claimed.add(other_ordinal)
+    unclaimed = _unclaimed_ordinal(txn, shared, claimed)
+    if unclaimed is not None:
+        why = f"chunks are stored under ordinal {unclaimed}, which no registration claims"
+        raise damaged(shared.path, what, why)
     return record
 
 
-def _claims(raw: bytes | memoryview, ordinal: int) -> bool:
-    """Whether a registration record (damaged or not) names `ordinal`."""
+def _claimed_ordinal(raw: bytes | memoryview) -> int | None:
+    """The ordinal a registration record (its descriptor damaged or not) names; None when the
+    record is too damaged to say."""
     try:
         record = msgspec.msgpack.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        return False
-    return isinstance(record, dict) and record.get("ordinal") == ordinal
+        return None
+    ordinal = record.get("ordinal") if isinstance(record, dict) else None
+    if _is_int(ordinal) and MIN_ORDINAL <= ordinal <= MAX_ORDINAL:
+        return ordinal
+    return None
+
+
+def _unclaimed_ordinal(
+    txn: lmdb.Transaction[Any], shared: SharedEnv, claimed: set[int]
+) -> int | None:
+    """An ordinal that entries or counts are stored under but no registration claims (one seek
+    per ordinal in use), or None. Keys too short to hold an ordinal are left to `verify`."""
+    for name in (b"meta", b"data", b"counts"):
+        cursor = txn.cursor(db=shared.dbs[name])
+        found = cursor.first()
+        while found:
+            key = bytes(cursor.key())
+            if len(key) < ORDINAL.size:
+                found = cursor.next()
+                continue
+            (stored,) = ORDINAL.unpack_from(key)
+            if stored not in claimed:
+                return int(stored)
+            if stored >= MAX_ORDINAL:
+                break
+            found = cursor.set_range(ORDINAL.pack(stored + 1))
+    return None
 
 
 def all_namespaces(txn: lmdb.Transaction[Any], shared: SharedEnv) -> list[NamespaceRecord]:

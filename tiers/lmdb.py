@@ -33,6 +33,10 @@ it raises `StoreFullError`, never crashes.
 **Damage.** Records that cannot be decoded raise `StoreDamagedError`; LMDB errors inside a
 transaction (a full or failing disk, a damaged page) raise `StoreIOError`; a data file truncated
 or replaced under an open store is refused before LMDB maps past its end (see `tiers._lmdb_env`).
+A namespace is read only while the ordinal it owns is beyond doubt: no other registration claims
+it, every other registration names its own, and no entry is stored under an ordinal nobody
+claims (`_lmdb_records.namespace_record`); otherwise one model's chunks, checksums intact, could
+be served as another's.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ _HISTORY = (
     "now refused (StoreDamagedError / StoreIOError)",
     "two namespace registrations claiming one ordinal would hand one model's chunks to another "
     "with valid checksums; now refused",
+    "one registration emptied or deleted and another rewritten to its ordinal still handed one "
+    "namespace's chunks to the other (CI fuzz); now a namespace reads only while every other "
+    "registration names its own ordinal and no entry sits under an unclaimed one",
     "decode_batch raised RecursionError on deeply nested batches, and `kvstore watch` crashed on "
     "a NaN or huge timestamp; ChunkLayout.from_dict accepted negative shapes and misaligned "
     "offsets (torch RuntimeError in `kvstore show`); load_trace raised UnicodeDecodeError; "

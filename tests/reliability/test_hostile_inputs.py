@@ -73,11 +73,17 @@ def test_damaged_data_file_bytes_never_crash_the_cli(
 
 def test_the_store_oracle_catches_one_namespaces_bytes_served_to_another(monkeypatch: Any) -> None:
     """If the store did not refuse two registrations sharing an ordinal, the oracle would see
-    namespace B read A's bytes: prove it by disabling the refusal."""
+    namespace B read A's bytes: prove it by disabling the refusal (a registration is then
+    decoded and trusted as it stands)."""
     from tiers import _lmdb_records
 
-    monkeypatch.setattr(_lmdb_records, "_claims", lambda raw, ordinal: False)
-    monkeypatch.setattr(_lmdb_records, "all_namespaces", _lmdb_records.all_namespaces)
+    def trusting(txn: Any, shared: Any, namespace: str) -> Any:
+        raw = txn.get(namespace.encode(), db=shared.dbs[b"namespaces"])
+        return None if raw is None else _lmdb_records.decode_namespace(
+            shared.path, namespace.encode(), raw
+        )
+
+    monkeypatch.setattr(_lmdb_records, "namespace_record", trusting)
     swap = (b"namespaces", NS_B.encode(), msgspec.msgpack.encode({"ordinal": 1, "descriptor": {}}))
     with pytest.raises(WrongData):
         exercise_store([swap])
