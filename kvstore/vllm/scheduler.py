@@ -19,12 +19,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import TransferStats
 from kvstore.pipeline import TierPipeline
-from kvstore.transfer.jobs import ChunkSegment, CopyJob, JobKind
+from kvstore.transfer.jobs import CopyJob, JobKind
 from kvstore.vllm.compat import resumed_req_ids
 from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import FULL, EngineGeometry, KVGroup
-from kvstore.vllm.hybrid import NULL_BLOCK_ID, GroupChunk, HybridPlanner
+from kvstore.vllm.hybrid import HybridPlanner
 from kvstore.vllm.hybrid_lookup import HybridLookups
+from kvstore.vllm.load_plans import load_segments
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 from kvstore.vllm.requests import JobState, RequestState
 from kvstore.vllm.step_timing import StepTimer
@@ -195,26 +196,14 @@ class ConnectorScheduler:
         entries = [(chunk, g) for chunk, g in state.hit_entries if chunk < end_chunk]
         keys = [self._planner.key(chunk_keys[chunk - first_chunk], g) for chunk, g in entries]
         plan = self._pipeline.prepare_load(state.req_id, keys)
-        rows = dict(plan.items())
-        first_block = num_computed // geo.engine_block_size
-        segments = []
-        loaded: set[GroupChunk] = set()
-        for (chunk, g), key in zip(entries, keys, strict=True):
-            segment = self._segment(block_ids[g], chunk, g, first_block, rows.get(key, -1), key)
-            if segment is not None:
-                segments.append(segment)
-            loaded.add((chunk, g))
-        # A block vLLM allocated for the hit that no entry fills (not expected: a hybrid
-        # lookup covers every group's window) fails, so vLLM recomputes instead of reading it.
-        for g in range(geo.num_groups):
-            for chunk in range(first_chunk, end_chunk):
-                if (chunk, g) not in loaded:
-                    segment = self._segment(block_ids[g], chunk, g, first_block, -1, b"")
-                    if segment is not None:
-                        segments.append(segment)
+        planned = list(zip(entries, keys, strict=True))
+        segments = load_segments(
+            self._planner, geo.blocks_per_chunk, block_ids, planned, dict(plan.items()),
+            range(first_chunk, end_chunk), num_computed // geo.engine_block_size,
+        )  # fmt: skip
         state.load_tokens = {}
         first_tier: dict[int, Tier] = {}
-        for (chunk, _), key in zip(entries, keys, strict=True):
+        for (chunk, _), key in planned:
             first_tier.setdefault(chunk, state.hit_tiers.get(key, Tier.CPU))
         for chunk in range(first_chunk, end_chunk):
             tier = first_tier.get(chunk, Tier.CPU)
@@ -232,23 +221,6 @@ class ConnectorScheduler:
         )
         state.load_job = job.job_id
         self._pending_loads.append(job)
-
-    def _segment(
-        self, block_ids: list[int], chunk: int, group: int, first_block: int, row: int, key: bytes
-    ) -> ChunkSegment | None:
-        """The copy of chunk `chunk`'s blocks of one group from block `first_block` on, less
-        the null blocks a sliding-window group holds outside its window; None: nothing left."""
-        per_chunk = self._geo.blocks_per_chunk
-        chunk_first = chunk * per_chunk
-        start = max(chunk_first, first_block)
-        ids = block_ids[start : chunk_first + per_chunk]
-        num_null = 0
-        if self._planner.window(group):  # full-attention tables hold no null blocks
-            num_null = next((i for i, b in enumerate(ids) if b != NULL_BLOCK_ID), len(ids))
-        if num_null == len(ids):
-            return None
-        start += num_null
-        return ChunkSegment(row, start - chunk_first, tuple(ids[num_null:]), key, group)
 
     def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
         """vLLM's per-source split of the external hit; it sums to the hit."""
