@@ -273,3 +273,48 @@ def test_a_meta_record_claiming_a_huge_size_is_repairable(store: Path) -> None:
     with LMDBStore.open(store, capacity_bytes=1 << 20) as opened:
         opened.put_many(A, [(b"new", b"n" * 10)])
         assert opened.stats().namespaces[A].num_entries == 2
+
+
+def test_ownership_checks_stay_quiet_while_namespaces_come_and_go(tmp_path: Path) -> None:
+    """No false damage under concurrency: readers of two stable namespaces, while a writer
+    thread registers namespaces, fills them and deletes them, never see StoreDamagedError
+    and always read their own bytes (each read sees one committed snapshot)."""
+    import threading
+
+    with LMDBStore.open(tmp_path / "s", capacity_bytes=8 << 20, map_size_bytes=64 << 20) as opened:
+        for name in (A, B):
+            opened.register_namespace(name, {"model": name})
+            opened.put_many(name, [(key, name.encode() * 20) for key in KEYS])
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        num_reads = [0]
+
+        def read(name: str) -> None:
+            try:
+                while not stop.is_set():
+                    for key in KEYS:
+                        out = bytearray(256)
+                        size = opened.get_into(name, key, out)
+                        assert size is not None and bytes(out[:size]) == name.encode() * 20
+                        got = opened.get_many_into(name, [(key, bytearray(256))])
+                        assert got[0] == size
+                    num_reads[0] += 1
+            except BaseException as exc:  # reported below, on the test thread
+                errors.append(exc)
+
+        readers = [threading.Thread(target=read, args=(name,)) for name in (A, B)]
+        for thread in readers:
+            thread.start()
+        try:
+            for i in range(60):
+                name = f"churn{i % 5}"
+                opened.register_namespace(name, {"model": name})
+                opened.put_many(name, [(KEYS[0], b"c" * 100)])
+                if i % 2:
+                    opened.delete_namespace(name)
+        finally:
+            stop.set()
+            for thread in readers:
+                thread.join()
+    assert not errors, errors[0]
+    assert num_reads[0] > 0
