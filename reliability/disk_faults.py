@@ -22,7 +22,7 @@ from reliability.checks import run_cli
 from reliability.damage import used_bytes
 from reliability.isolation import in_child
 from tiers.errors import CorruptionError, TierError
-from tiers.lmdb import LMDBStore
+from tiers.lmdb import LMDBOptions, LMDBStore
 
 __all__ = [
     "NAMESPACE",
@@ -94,9 +94,12 @@ def _child(fn: Any) -> TrialResult:
 # -- a full filesystem ---------------------------------------------------------------------------
 
 
-def fill_until_full(directory: Path, seed: int) -> tuple[TrialResult, dict[int, int]]:
+def fill_until_full(
+    directory: Path, seed: int, options: LMDBOptions | None = None
+) -> tuple[TrialResult, dict[int, int]]:
     """Write random-size chunks into a store in `directory` (on a small filesystem) until the
-    filesystem refuses them, then a few more, then delete some and write again.
+    filesystem refuses them, then a few more, then delete some and write again (`options`: the
+    store's LMDB options).
 
     Returns the child's result and the acknowledged chunks (seed -> size) still expected."""
     path = directory / f"store-{seed}"
@@ -105,7 +108,9 @@ def fill_until_full(directory: Path, seed: int) -> tuple[TrialResult, dict[int, 
         result = TrialResult()
         acked: dict[int, int] = {}
         rng = random.Random(seed)
-        with LMDBStore.open(path, capacity_bytes=1 << 30, map_size_bytes=1 << 30) as store:
+        with LMDBStore.open(
+            path, capacity_bytes=1 << 30, map_size_bytes=1 << 30, options=options
+        ) as store:
             store.register_namespace(NAMESPACE, {"model": "fill"})
             next_seed = seed * 1_000_000
             while result.num_refused < 5:

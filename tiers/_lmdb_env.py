@@ -29,6 +29,7 @@ from typing import Any
 import lmdb
 
 from tiers._lmdb_filecheck import DataFileCheck, problem_before_open
+from tiers._lmdb_reserve import SLACK_BYTES, DiskReservation
 from tiers.errors import StoreDamagedError, StoreIOError, TierConfigError
 
 __all__ = ["DB_NAMES", "LMDBOptions", "ReadGate", "SharedEnv", "acquire", "release"]
@@ -104,10 +105,12 @@ class SharedEnv:
     file_check: DataFileCheck | None = None
     broken: str = ""
     num_users: int = 0
+    reservation: DiskReservation | None = None  # a writemap writer's (`tiers._lmdb_reserve`)
 
     @contextlib.contextmanager
-    def write_txn(self) -> Iterator[lmdb.Transaction[bytes]]:
-        """A write transaction, committed on success and aborted on an exception."""
+    def write_txn(self, *, new_bytes: int = 0) -> Iterator[lmdb.Transaction[bytes]]:
+        """A write transaction, committed on success and aborted on an exception; `new_bytes`:
+        the bytes of pages it may add (with `writemap`, allocated on disk before it begins)."""
         self.check_file()
         try:
             for attempt in range(2):
@@ -118,11 +121,23 @@ class SharedEnv:
                     if attempt or not self.adopt_map_size():
                         raise
             with txn:
+                if self.reservation is not None:  # under the write lock: LMDB's last page now
+                    self._reserve(self.reservation, new_bytes)
                 yield txn
         except lmdb.MapFullError:
             raise
         except lmdb.Error as exc:
             raise StoreIOError(f"LMDB write to store {self.path} failed: {exc}") from exc
+
+    def _reserve(self, reservation: DiskReservation, new_bytes: int) -> None:
+        info = self.env.info()
+        end = (info["last_pgno"] + 1) * self.page_bytes + new_bytes + SLACK_BYTES
+        try:
+            reservation.ensure(end, info["map_size"])
+        except OSError as exc:
+            raise StoreIOError(
+                f"cannot allocate disk blocks for a write to store {self.path}: {exc}"
+            ) from exc
 
     @contextlib.contextmanager
     def read_txn(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction[Any]]:
@@ -293,6 +308,8 @@ def release(shared: SharedEnv) -> None:
         _registry.pop(shared.path, None)
         shared.env.close()
         _close_fd(shared.data_fd)
+        if shared.reservation is not None:
+            shared.reservation.close()
 
 
 _UNREADABLE = (
@@ -318,12 +335,16 @@ def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: i
         if data_fd < 0:  # a new store: LMDB just created the file
             data_fd = os.open(path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
         page_bytes = int(env.stat()["psize"])
+        writemap = options.writemap and not readonly
+        reservation = DiskReservation(path / "data.mdb") if writemap else None
     except BaseException as exc:
         env.close()
         _close_fd(data_fd)
         _raise_open_error(path, exc)
         raise
-    return SharedEnv(path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes)
+    shared = SharedEnv(path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes)
+    shared.reservation = reservation
+    return shared
 
 
 def _open_env(

@@ -6,7 +6,8 @@
     ├── CorruptionError       a stored value fails its checksum or has the wrong size
     ├── StoreFullError        a put would exceed the store's capacity (nothing was written)
     ├── StoreIOError          an LMDB read, write or commit failed: a full or failing disk, or a
-    │                         store file truncated, replaced or damaged under the open store
+    │   │                     store file truncated, replaced or damaged under the open store
+    │   └── StoreNoSpaceError the filesystem has no room for the pages a `writemap` write needs
     ├── StoreDamagedError     a store record (format, capacity, namespace, counts) cannot be decoded
     └── NamespaceError        unknown namespace, descriptor mismatch, incompatible store format
 
@@ -22,6 +23,7 @@ __all__ = [
     "StoreDamagedError",
     "StoreFullError",
     "StoreIOError",
+    "StoreNoSpaceError",
     "TierConfigError",
     "TierError",
 ]
@@ -61,6 +63,12 @@ class StoreIOError(TierError):
     """Reading or writing the store file failed: a full or failing disk, or a file truncated,
     replaced or damaged under the open store. A failed write wrote nothing (its transaction was
     aborted); after a truncated or replaced file, every operation of the store fails this way."""
+
+
+class StoreNoSpaceError(StoreIOError):
+    """A `writemap` writer could not allocate disk blocks for the pages a write may need (the
+    filesystem is full); nothing was written. A writer without `writemap` can still write into
+    the free pages inside the file (see `tiers._lmdb_reserve`)."""
 
 
 class StoreDamagedError(TierError):

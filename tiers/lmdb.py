@@ -56,6 +56,7 @@ import msgspec
 from tiers import _lmdb_env, _lmdb_reads, _lmdb_records
 from tiers._lmdb_env import LMDBOptions, SharedEnv
 from tiers._lmdb_records import FORMAT_VERSION
+from tiers._lmdb_reserve import pages_bytes
 from tiers.errors import (
     CorruptionError,
     NamespaceError,
@@ -146,6 +147,11 @@ class LMDBStore:
     def capacity_bytes(self) -> int:
         return self._capacity_bytes
 
+    @property
+    def options(self) -> LMDBOptions:
+        """The environment's options (those it was first opened with in this process)."""
+        return self._env().options
+
     # -- namespaces ---------------------------------------------------------------------------
 
     def register_namespace(self, namespace: str, descriptor: Mapping[str, Any]) -> None:
@@ -204,7 +210,9 @@ class LMDBStore:
     ) -> int:
         shared = self._env()
         data_db, meta_db = shared.dbs[b"data"], shared.dbs[b"meta"]
-        with self._write_txn() as txn:
+        psize = shared.page_bytes
+        new_bytes = sum(pages_bytes(view.nbytes, psize) for view, _ in prepared.values())
+        with self._write_txn(new_bytes=new_bytes) as txn:
             ordinal = _lmdb_records.ordinal(txn, shared, namespace)
             prefix = _lmdb_records.ORDINAL.pack(ordinal)
             num_new, delta_bytes = 0, 0
@@ -396,10 +404,12 @@ class LMDBStore:
             raise TierError(f"LMDB store {self.path} is closed")
         return self._shared
 
-    def _write_txn(self) -> contextlib.AbstractContextManager[lmdb.Transaction[bytes]]:
+    def _write_txn(
+        self, *, new_bytes: int = 0
+    ) -> contextlib.AbstractContextManager[lmdb.Transaction[bytes]]:
         if self.is_readonly:
             raise TierConfigError(f"LMDB store {self.path} was opened read-only")
-        return self._env().write_txn()
+        return self._env().write_txn(new_bytes=new_bytes)
 
     def _read_txn(
         self, *, buffers: bool = False

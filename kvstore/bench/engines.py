@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import socket
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvstore.ports import free_port
 from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_greedy, kv_transfer_config
 from kvstore.vllm.null_connector import null_transfer_config
@@ -64,12 +64,6 @@ def synthetic_prompt(seed: int, num_tokens: int) -> list[int]:
     seeds 2 and 1020 gave the same prompt, so a filler hit the warm-up's chunks)."""
     rng = random.Random(seed)
     return [rng.randrange(3, BENCH_SPEC.vocab_size) for _ in range(num_tokens)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Generator(Protocol):

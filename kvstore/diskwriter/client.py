@@ -76,11 +76,15 @@ class DiskWriterProcess:
         capacity_bytes: int,
         region_path: str | os.PathLike[str],
         lower_priority: bool = True,
+        writemap: bool = True,
         start_timeout_s: float = 60.0,
         max_restarts: int = 3,
     ) -> DiskWriterProcess:
-        """Start the child and wait until it has the store open (`StoreIOError` if it cannot)."""
-        setup = protocol.Setup(str(store_path), capacity_bytes, str(region_path), lower_priority)
+        """Start the child and wait until it has the store open (`StoreIOError` if it cannot).
+        `writemap`: the child writes through LMDB's map (see `kvstore.diskwriter.child`)."""
+        setup = protocol.Setup(
+            str(store_path), capacity_bytes, str(region_path), lower_priority, writemap
+        )
         return cls(setup, start_timeout_s=start_timeout_s, max_restarts=max_restarts)
 
     @property

@@ -25,12 +25,14 @@ __all__ = ["Setup", "decode", "decode_setup", "encode"]
 
 
 class Setup(msgspec.Struct, frozen=True, array_like=True):
-    """What the child opens: the LMDB store (as the engine opened it) and the region file."""
+    """What the child opens: the LMDB store (as the engine opened it) and the region file;
+    `writemap`: LMDB writes through its map (see `kvstore.diskwriter.child`)."""
 
     store_path: str
     capacity_bytes: int
     region_path: str
     lower_priority: bool = True
+    writemap: bool = True
 
 
 _encoder = msgspec.msgpack.Encoder()

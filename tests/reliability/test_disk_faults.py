@@ -87,3 +87,20 @@ def test_a_full_filesystem_fails_writes_cleanly_and_loses_nothing(seed: int) -> 
     assert (result.num_lost, result.num_bad) == (0, 0)
     assert result.is_verify_ok, result.notes
     assert not result.notes  # the write after freeing half the store succeeded
+
+
+def test_a_writemap_store_refuses_writes_on_a_full_filesystem_instead_of_dying() -> None:
+    """With writemap (the disk-writer process's setting) disk blocks are allocated before LMDB
+    stores into its map; a filesystem without room raises StoreNoSpaceError, never SIGBUS, and
+    the store keeps every acknowledged write. (Writing into the freed pages afterwards is the
+    disk writer's fallback to plain writes: tests/service/test_disk_writer.py.)"""
+    try:
+        with small_filesystem(8 << 20) as directory:
+            result, acked = fill_until_full(directory, 3, LMDBOptions(writemap=True))
+    except MountUnavailable as exc:
+        pytest.skip(f"cannot mount a small filesystem here: {exc}")
+    assert result.how == "returned", result.how  # without the allocation: "signal: SIGBUS"
+    assert result.num_refused == 5 and "StoreNoSpaceError" in result.errors
+    assert acked and result.num_acked == len(acked)
+    assert (result.num_lost, result.num_bad) == (0, 0)
+    assert result.is_verify_ok, result.notes

@@ -23,6 +23,7 @@ from kvstore.diskwriter.client import DiskWriterProcess
 from kvstore.diskwriter.priority import IOPRIO_CLASS_BE, read_ioprio
 from kvstore.keys import BlockKey
 from kvstore.service.disk_io import DiskIO
+from reliability.fs import MountUnavailable, small_filesystem
 from tiers.cpu import CPURegion
 from tiers.errors import StoreFullError, StoreIOError
 from tiers.lmdb import LMDBStore
@@ -209,3 +210,80 @@ def test_disk_io_writes_through_the_child(
     region.row(0)[:] = b"\0" * ROW_BYTES
     promoted, _ = disk.read([(key(3), 0)])
     assert promoted.ok == (key(3),) and bytes(region.row(0)) == bytes([8]) * ROW_BYTES
+
+
+# -- writemap and a full filesystem ----------------------------------------------------------------
+
+FILL_ROW_BYTES = 256 << 10
+FILL_ROWS = 4
+
+
+def test_the_child_writes_through_the_map_with_its_blocks_allocated_first(
+    writer: DiskWriterProcess, store: LMDBStore
+) -> None:
+    writer.put_rows(NS, [(key(1), 0)], now_s=1.0)
+    data = os.stat(store.path / "data.mdb")
+    assert data.st_size == store.stats().map_size_bytes  # writemap: LMDB sized the file to its map
+    assert data.st_blocks * 512 >= (64 << 20)  # allocated ahead: a step of 64 MiB
+    assert read(store, 1) == bytes([1]) * ROW_BYTES
+
+
+def test_a_full_filesystem_fails_writes_without_killing_the_writemap_child(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """With writemap, a store into a page no disk block backs is SIGBUS. The child allocates
+    the blocks first; when the filesystem has no room it goes on without writemap, where LMDB
+    can reuse the free pages inside the file: after freeing half the store a write succeeds,
+    and every acknowledged row reads back."""
+    try:
+        with small_filesystem(40 << 20) as directory:
+            _fill_a_small_filesystem(directory, tmp_path, capfd)
+    except MountUnavailable as exc:
+        pytest.skip(f"cannot mount a small filesystem here: {exc}")
+
+
+def _fill_a_small_filesystem(
+    directory: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    name = f"kvstore-test-dwfull-{os.getpid()}-{tmp_path.name}"
+    with (
+        CPURegion.create(name, FILL_ROWS, FILL_ROW_BYTES, directory="/dev/shm", pin=False) as rows,
+        LMDBStore.open(directory / "db", capacity_bytes=1 << 30) as store,
+    ):
+        store.register_namespace(NS, {"row_bytes": FILL_ROW_BYTES})
+        for row in range(FILL_ROWS):
+            rows.row(row)[:] = bytes([row + 7]) * FILL_ROW_BYTES
+        writer = DiskWriterProcess.start(
+            store_path=store.path, capacity_bytes=store.capacity_bytes, region_path=rows.path
+        )
+        try:
+            pid = writer.pid
+            acked: dict[int, int] = {}
+            num_refused, next_key = 0, 0
+            while num_refused < 3:
+                batch = {next_key + i: i % FILL_ROWS for i in range(3)}
+                next_key += 3
+                try:
+                    writer.put_rows(NS, [(key(k), row) for k, row in batch.items()], now_s=1.0)
+                except StoreIOError:
+                    num_refused += 1
+                    continue
+                acked.update(batch)
+            assert len(acked) * FILL_ROW_BYTES > (20 << 20)  # the filesystem, not less, was full
+            freed = list(acked)[: len(acked) // 2]
+            # two transactions: LMDB reuses a page only once the transaction after the one
+            # that freed it has committed (its previous snapshot must stay intact)
+            for part in (freed[::2], freed[1::2]):
+                assert writer.delete_many(NS, [key(k) for k in part]) == len(part)
+            for k in freed:
+                del acked[k]
+            writer.put_rows(NS, [(key(next_key), 1)], now_s=1.0)
+            acked[next_key] = 1
+            assert writer.pid == pid  # never killed (SIGBUS) nor replaced
+        finally:
+            writer.close()
+        out = bytearray(FILL_ROW_BYTES)
+        for k, row in acked.items():
+            assert store.get_into(NS, key(k), out) == FILL_ROW_BYTES
+            assert out == bytes([row + 7]) * FILL_ROW_BYTES
+    assert "writing without writemap from now on" in capfd.readouterr().err

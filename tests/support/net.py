@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import socket
+from kvstore.ports import free_port
 
 __all__ = ["free_port"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
