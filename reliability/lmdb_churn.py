@@ -138,13 +138,16 @@ def _writer_child(path: str, seed: int, num_commits: int, writemap: bool) -> Chu
 
 def churn(path: Path, seed: int, num_commits: int, *, num_readers: int = 2,
           writemap: bool = False, writer_process: bool = False) -> ChurnResult:  # fmt: skip
-    """Run one churn on a new store at `path`; see the module docstring."""
+    """Run one churn on a new store at `path`; see the module docstring. `writemap` is the
+    writer's; with `writer_process` the readers' process opens the store without it, as the
+    engine does beside kvstore's disk-writer process."""
     options = LMDBOptions(writemap=writemap)
+    readers_options = LMDBOptions() if writer_process else options
     keys: list[bytes] = []
     if writer_process:
-        with LMDBStore.open(path, capacity_bytes=_CAPACITY_BYTES, options=options) as store:
-            store.register_namespace(NAMESPACE, {"churn": True})
-    store = LMDBStore.open(path, capacity_bytes=_CAPACITY_BYTES, options=options)
+        with LMDBStore.open(path, capacity_bytes=_CAPACITY_BYTES, options=readers_options) as made:
+            made.register_namespace(NAMESPACE, {"churn": True})
+    store = LMDBStore.open(path, capacity_bytes=_CAPACITY_BYTES, options=readers_options)
     stop, lock = threading.Event(), threading.Lock()
     readers_result = ChurnResult(seed)
     threads = [

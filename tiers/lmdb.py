@@ -22,13 +22,17 @@ pages) before `put_many` returns, but the meta page is not synced separately, wh
 documents as keeping the tree intact (a power loss can only undo the last commit). A killed
 process (SIGKILL) loses nothing committed with any setting: the pages are already in the
 kernel's page cache. `writemap` (values written straight into the shared map) measured ~25%
-faster puts, but it stays off: with it a full filesystem kills the writing process with SIGBUS
-(a store into a mapped page no disk block backs) instead of failing the commit; without it the
-commit fails with `StoreIOError` and the store stays intact. A separate meta sync measured no
-difference; `sync=False` or `map_async` doubled put throughput but a power loss could then
-corrupt the tree, so they stay off. `readahead` makes cold 4 MiB reads ~20x faster. A put that
-would overflow the map grows it (at most to `4 * capacity_bytes + 1 GiB`); if that is impossible
-it raises `StoreFullError`, never crashes.
+faster puts and 35-50% less writer CPU while the file grows, but it is off by default: on a full
+filesystem a store into a mapped page no disk block backs is SIGBUS. With it, every write
+transaction first allocates the disk blocks of the pages it can touch (`tiers._lmdb_reserve`)
+and raises `StoreNoSpaceError` when the filesystem has no room, so only a filesystem that fails
+a store into an allocated block (copy-on-write ones, on overwrite) can still kill the writer;
+kvstore turns it on only in its disk-writer process, never in the engine's. Without it a full
+disk fails the commit with `StoreIOError` and the store stays intact. A separate meta sync
+measured no difference; `sync=False` or `map_async` doubled put throughput but a power loss
+could then corrupt the tree, so they stay off. `readahead` makes cold 4 MiB reads ~20x faster.
+A put that would overflow the map grows it (at most to `4 * capacity_bytes + 1 GiB`); if that
+is impossible it raises `StoreFullError`, never crashes.
 
 **Damage.** Records that cannot be decoded raise `StoreDamagedError`; LMDB errors inside a
 transaction (a full or failing disk, a damaged page) raise `StoreIOError`; a data file truncated

@@ -146,8 +146,15 @@ def test_churn_with_concurrent_readers_finds_nothing(tmp_path: Path, seed: int) 
     assert result.num_commits == 600 and result.num_reads > 0
 
 
-def test_churn_with_the_writer_in_another_process_finds_nothing(tmp_path: Path) -> None:
-    result = churn(tmp_path / "store", 3, 300, num_readers=2, writer_process=True)
+@pytest.mark.parametrize("writemap", [False, True])
+def test_churn_with_the_writer_in_another_process_finds_nothing(
+    tmp_path: Path, writemap: bool
+) -> None:
+    """`writemap`: the writer writes through its map (and sizes the file to it), as kvstore's
+    disk-writer process does, while the readers here read without it, as the engine does."""
+    result = churn(
+        tmp_path / "store", 3, 300, num_readers=2, writer_process=True, writemap=writemap
+    )
     assert result.findings == []
     assert result.num_commits == 300 and result.num_reads > 0
 
