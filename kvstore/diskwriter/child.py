@@ -7,9 +7,9 @@ closes the store. It also asks Linux to end it with its parent (`PR_SET_PDEATHSI
 case where a forked process keeps the engine's end open.
 
 **writemap.** The child opens the store with LMDB's `writemap` (values copied straight into the
-shared map, no readahead on it) while the store's file grows: that took a third less CPU per
-committed batch than `pwrite` (benchmarks/README, "the disk writer's CPU"), and the CPU the
-writer uses is taken from the engine on a busy machine. Only this child maps the file
+shared map, no readahead on it): while the store's file grows that took 35-50% less CPU per
+committed batch than `pwrite` (benchmarks/README, nohit: "The disk writer through LMDB's map"),
+and the CPU the writer uses is taken from the engine on a busy machine. Only this child maps the file
 writable; the engine's process and the CLI keep plain writes, which on Linux share the one page
 cache with it. Disk blocks for every page a write can touch are allocated before LMDB stores
 into them (`tiers._lmdb_reserve`), so a full filesystem fails the request instead of killing
