@@ -9,13 +9,13 @@ case where a forked process keeps the engine's end open.
 **writemap.** The child opens the store with LMDB's `writemap` (values copied straight into the
 shared map, no readahead on it): while the store's file grows that took 35-50% less CPU per
 committed batch than `pwrite` (benchmarks/README, nohit: "The disk writer through LMDB's map"),
-and the CPU the writer uses is taken from the engine on a busy machine. Only this child maps the file
-writable; the engine's process and the CLI keep plain writes, which on Linux share the one page
-cache with it. Disk blocks for every page a write can touch are allocated before LMDB stores
-into them (`tiers._lmdb_reserve`), so a full filesystem fails the request instead of killing
-the child with SIGBUS; the child then reopens the store without `writemap` and answers the
-request with plain writes, which can still use the free pages inside the file, for the rest of
-its life. (Were the child killed anyway, the engine starts another: `client`.)
+and the CPU the writer uses is taken from the engine on a busy machine. Only this child maps the
+file writable; the engine's process and the CLI keep plain writes, which on Linux share the one
+page cache with it. Disk blocks for every page a write can touch are allocated before LMDB
+stores into them (`tiers._lmdb_reserve`), so a full filesystem fails the request instead of
+killing the child with SIGBUS; the child then reopens the store without `writemap` and answers
+the request with plain writes, which can still use the free pages inside the file, for the rest
+of its life. (Were the child killed anyway, the engine starts another: `client`.)
 """
 
 from __future__ import annotations
