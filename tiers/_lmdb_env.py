@@ -342,9 +342,10 @@ def _open(path: Path, *, readonly: bool, options: LMDBOptions, map_size_bytes: i
         _close_fd(data_fd)
         _raise_open_error(path, exc)
         raise
-    shared = SharedEnv(path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes)
-    shared.reservation = reservation
-    return shared
+    return SharedEnv(
+        path, env, dbs, options, readonly, ReadGate(), data_fd, page_bytes,
+        reservation=reservation,
+    )  # fmt: skip
 
 
 def _open_env(

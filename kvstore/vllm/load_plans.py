@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from kvstore.keys import BlockKey, Tier
 from kvstore.transfer.jobs import ChunkSegment
 from kvstore.vllm.hybrid import NULL_BLOCK_ID, GroupChunk, HybridPlanner
 
-__all__ = ["load_segments"]
+__all__ = ["load_segments", "tokens_by_tier"]
 
 
 def load_segments(
@@ -49,3 +50,23 @@ def load_segments(
         if (c, g) not in covered
     ]
     return [s for s in (*planned, *unfilled) if s is not None]
+
+
+def tokens_by_tier(
+    planned: Sequence[tuple[tuple[int, int], BlockKey]],
+    hit_tiers: Mapping[BlockKey, Tier],
+    chunks: range,
+    num_tokens_per_chunk: int,
+    num_computed: int,
+) -> dict[Tier, int]:
+    """The tokens a load brings, by the tier its chunks were found in (a chunk counts where its
+    first planned entry was; `num_computed` tokens the engine already has are not counted)."""
+    first_tier: dict[int, Tier] = {}
+    for (chunk, _), key in planned:
+        first_tier.setdefault(chunk, hit_tiers.get(key, Tier.CPU))
+    tokens: dict[Tier, int] = {}
+    for chunk in chunks:
+        tier = first_tier.get(chunk, Tier.CPU)
+        count = min(num_tokens_per_chunk, (chunk + 1) * num_tokens_per_chunk - num_computed)
+        tokens[tier] = tokens.get(tier, 0) + count
+    return tokens

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore.keys import BlockKey, Tier
 from kvstore.transfer.jobs import JobKind
 
-__all__ = ["JobState", "RequestState"]
+__all__ = ["JobLedger", "JobState", "RequestState"]
 
 
 @dataclass(slots=True)
@@ -45,3 +47,39 @@ class JobState:
     num_pending_workers: int
     is_failed: bool = False
     tiers: tuple[Tier, ...] = ()
+
+
+class JobLedger:
+    """The transfer jobs in flight on the workers, by id (ids count from 1)."""
+
+    def __init__(self, num_workers: int) -> None:
+        self._num_workers = num_workers
+        self._jobs: dict[int, JobState] = {}
+        self._ids = itertools.count(1)
+
+    def add(self, kind: JobKind, req_id: str, keys: tuple[BlockKey, ...]) -> int:
+        """Track a new job that every worker will report; its id."""
+        job_id = next(self._ids)
+        self._jobs[job_id] = JobState(kind, req_id, keys, self._num_workers)
+        return job_id
+
+    def settle(
+        self, completed: Mapping[int, int], failed: Mapping[int, int]
+    ) -> list[tuple[int, JobState]]:
+        """Count the workers' reports (job id -> reports); the jobs every worker has now
+        reported, no longer tracked (failed if any worker failed it)."""
+        settled: list[tuple[int, JobState]] = []
+        for counts, is_failed in ((completed, False), (failed, True)):
+            for job_id, n in counts.items():
+                job = self._jobs.get(job_id)
+                if job is None:
+                    continue
+                job.num_pending_workers -= n
+                job.is_failed = job.is_failed or is_failed
+                if job.num_pending_workers <= 0:
+                    del self._jobs[job_id]
+                    settled.append((job_id, job))
+        return settled
+
+    def __len__(self) -> int:
+        return len(self._jobs)

@@ -9,7 +9,6 @@ returns without waiting on I/O.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,9 +24,9 @@ from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import FULL, EngineGeometry, KVGroup
 from kvstore.vllm.hybrid import HybridPlanner
 from kvstore.vllm.hybrid_lookup import HybridLookups
-from kvstore.vllm.load_plans import load_segments
+from kvstore.vllm.load_plans import load_segments, tokens_by_tier
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
-from kvstore.vllm.requests import JobState, RequestState
+from kvstore.vllm.requests import JobLedger, JobState, RequestState
 from kvstore.vllm.step_timing import StepTimer
 from kvstore.vllm.store_plans import ChunksByGroup, StorePlans
 from kvstore.vllm.vllm_metrics import StepCounters
@@ -80,13 +79,11 @@ class ConnectorScheduler:
         self._stores = StorePlans(geometry, self._planner, pipeline, self.chunk_keys)
         self._pipeline = pipeline
         self._metrics = metrics
-        self._num_workers = num_workers
         self._sync_load_budget_bytes = sync_load_budget_bytes
         self._sync_load_bytes = 0  # promised to this step's sync loads so far
         self._on_layout = on_layout
         self._reqs: dict[str, RequestState] = {}
-        self._jobs: dict[int, JobState] = {}
-        self._job_ids = itertools.count(1)
+        self._jobs = JobLedger(num_workers)
         self._pending_loads: list[CopyJob] = []
         self._pending_stores: list[CopyJob] = []  # planned outside a step (request ends)
         self._pending_finished: list[str] = []
@@ -201,25 +198,13 @@ class ConnectorScheduler:
             self._planner, geo.blocks_per_chunk, block_ids, planned, dict(plan.items()),
             range(first_chunk, end_chunk), num_computed // geo.engine_block_size,
         )  # fmt: skip
-        state.load_tokens = {}
-        first_tier: dict[int, Tier] = {}
-        for (chunk, _), key in planned:
-            first_tier.setdefault(chunk, state.hit_tiers.get(key, Tier.CPU))
-        for chunk in range(first_chunk, end_chunk):
-            tier = first_tier.get(chunk, Tier.CPU)
-            tokens = min(chunk_tokens, (chunk + 1) * chunk_tokens - num_computed)
-            state.load_tokens[tier] = state.load_tokens.get(tier, 0) + tokens
-        job = CopyJob(
-            next(self._job_ids),
-            JobKind.LOAD,
-            request.request_id,
-            tuple(segments),
-            is_sync=state.is_sync_load,
+        state.load_tokens = tokens_by_tier(
+            planned, state.hit_tiers, range(first_chunk, end_chunk), chunk_tokens, num_computed
         )
-        self._jobs[job.job_id] = JobState(
-            JobKind.LOAD, request.request_id, plan.keys, self._num_workers
-        )
-        state.load_job = job.job_id
+        job_id = self._jobs.add(JobKind.LOAD, request.request_id, plan.keys)
+        job = CopyJob(job_id, JobKind.LOAD, request.request_id, tuple(segments),
+                      is_sync=state.is_sync_load)  # fmt: skip
+        state.load_job = job_id
         self._pending_loads.append(job)
 
     def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
@@ -308,11 +293,11 @@ class ConnectorScheduler:
         if not segments:
             return None
         is_urgent = any(self._planner.window(segment.group) for segment in segments)
-        job = CopyJob(next(self._job_ids), JobKind.STORE, state.req_id, tuple(segments),
-                      is_urgent=is_urgent)  # fmt: skip
         keys = tuple(BlockKey(segment.key) for segment in segments)
-        self._jobs[job.job_id] = JobState(JobKind.STORE, state.req_id, keys, self._num_workers)
-        state.store_jobs.add(job.job_id)
+        job_id = self._jobs.add(JobKind.STORE, state.req_id, keys)
+        job = CopyJob(job_id, JobKind.STORE, state.req_id, tuple(segments),
+                      is_urgent=is_urgent)  # fmt: skip
+        state.store_jobs.add(job_id)
         return job
 
     def _finish_windows(self, state: RequestState, block_ids: Sequence[list[int]]) -> None:
@@ -346,18 +331,10 @@ class ConnectorScheduler:
                 self._metrics.record_transfer_stats(TransferStats.from_dict(stats))
             if meta.audit:
                 self._metrics.record_load_audit(meta.audit)
-        for counts, failed in ((meta.completed, False), (meta.failed, True)):
-            for job_id, n in counts.items():
-                job = self._jobs.get(job_id)
-                if job is None:
-                    continue
-                job.num_pending_workers -= n
-                job.is_failed = job.is_failed or failed
-                if job.num_pending_workers <= 0:
-                    self._finish_job(job_id, job)
+        for job_id, job in self._jobs.settle(meta.completed, meta.failed):
+            self._finish_job(job_id, job)
 
     def _finish_job(self, job_id: int, job: JobState) -> None:
-        del self._jobs[job_id]
         state = self._reqs.get(job.req_id)
         if job.kind is JobKind.STORE:
             self._pipeline.complete_store(job.keys, ok=not job.is_failed)
