@@ -7,7 +7,8 @@ the disk tier for either.
 """
 
 from kvstore.pipeline.disk import DiskPipeline
+from kvstore.pipeline.lookups import LookupAnswer
 from kvstore.pipeline.observers import PipelineObserver
-from kvstore.pipeline.pipeline import LookupAnswer, TierPipeline
+from kvstore.pipeline.pipeline import TierPipeline
 
 __all__ = ["DiskPipeline", "LookupAnswer", "PipelineObserver", "TierPipeline"]

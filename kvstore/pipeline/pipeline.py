@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kvstore.events import TierEvent
@@ -28,6 +27,7 @@ from kvstore.index.plans import LoadPlan, StorePlan
 from kvstore.keys import BlockKey, Tier, short_hex
 from kvstore.pipeline.disk_steps import DiskSteps, DiskSubmitter, RowsOnDisk
 from kvstore.pipeline.load_cost import LoadCostModel
+from kvstore.pipeline.lookups import PENDING, LookupAnswer, OwnerState, num_leading
 from kvstore.pipeline.observers import Observers, PipelineObserver
 from kvstore.pipeline.remote import RemoteSteps, RemoteTierIO
 from kvstore.service import (
@@ -60,34 +60,6 @@ class PipelineService(DiskSubmitter, Protocol):
     def drain_completions(self, timeout_s: float = 0.0) -> list[Completion]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class LookupAnswer:
-    """`is_pending`: ask again later (chunks are being promoted). Otherwise the first
-    `len(tiers)` keys are ready in CPU now; `tiers[i]` is where chunk i was found."""
-
-    tiers: tuple[Tier, ...] = ()
-    is_pending: bool = False
-
-    @property
-    def num_hits(self) -> int:
-        return len(self.tiers)
-
-
-_PENDING = LookupAnswer(is_pending=True)
-
-
-@dataclass(slots=True)
-class _Owner:
-    """One requester's promotion state (a vLLM request)."""
-
-    promoting: set[BlockKey] = field(default_factory=set)  # promotions in flight
-    held: set[BlockKey] = field(default_factory=set)  # holds to release at load or abandon
-    sources: dict[BlockKey, Tier] = field(default_factory=dict)  # promoted from a lower tier
-    is_lookup_recorded: bool = False
-    deadline_s: float | None = None  # the most it waits on its promotions (the cost model's)
-    has_given_up: bool = False  # waited past the deadline: no more disk or remote for it
-
-
 class TierPipeline:
     """See the module docstring."""
 
@@ -107,7 +79,7 @@ class TierPipeline:
         self._service = service
         self._observers = Observers(observers, service.publish)
         self._num_tokens_per_chunk = num_tokens_per_chunk
-        self._owners: dict[str, _Owner] = {}
+        self._owners: dict[str, OwnerState] = {}
         self._promoted_by: dict[BlockKey, str] = {}
         self._disk = DiskSteps(service, RowsOnDisk(index))
         self._remote_log = EventLog(num_tokens_per_chunk)
@@ -141,6 +113,7 @@ class TierPipeline:
         num_asked_chunks: int | None = None,
         remote_tokens: int | None = None,
         is_final: bool = True,
+        wait_until_s: float | None = None,
     ) -> LookupAnswer:
         """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
         promoted first: the answer waits up to `promotion_wait_s` for them to land (a fast
@@ -152,18 +125,20 @@ class TierPipeline:
         for `len(keys)` chunks, unless `token_counts` (tokens per key) and `num_asked_chunks`
         say otherwise (a hybrid engine's keys are per group: several per chunk, or none);
         `remote_tokens`: the tokens a remote hit of the rest would save computing. Not
-        `is_final`: a partial answer is not counted (the requester asks for other keys next)."""
+        `is_final`: a partial answer is not counted (the requester asks for other keys next).
+        A remote probe and then its fetch are waited for within the same `promotion_wait_s`
+        (from the first call on: `wait_until_s`), so a fast link costs no scheduler steps."""
         self.poll()
-        state = self._owners.setdefault(owner, _Owner())
+        state = self._owners.setdefault(owner, OwnerState())
         if state.promoting and not self._give_up_if_late(state):
-            return _PENDING
+            return PENDING
         self._release_holds(state)  # asked again: start from a clean slate
         result = self._index.lookup(keys)
         num_hits = result.num_hits
         if state.has_given_up:  # what is in CPU now, nothing from below
-            num_hits = _leading(result.tiers, Tier.CPU)
+            num_hits = num_leading(result.tiers, Tier.CPU)
         elif result.num_hits < len(keys) and keys[result.num_hits] in self._promoted_by:
-            return _PENDING  # another requester is promoting the rest of this prefix
+            return PENDING  # another requester is promoting the rest of this prefix
         elif result.num_disk_hits:
             if self._promotion_pays(result.tiers, token_counts) and self._start_promotion(
                 owner, state, result.keys, self._hit_tokens(result.tiers, token_counts)
@@ -174,12 +149,17 @@ class TierPipeline:
                         token_counts=token_counts, num_asked_chunks=num_asked_chunks,
                         remote_tokens=remote_tokens, is_final=is_final,
                     )  # fmt: skip
-                return _PENDING
-            num_hits = _leading(result.tiers, Tier.CPU)
+                return PENDING
+            num_hits = num_leading(result.tiers, Tier.CPU)
         elif self._remote is not None and self._remote.extend(
             owner, keys, num_hits, num_tokens=remote_tokens
         ):
-            return _PENDING
+            until_s = self._remote_wait(owner, may_wait, wait_until_s)
+            return PENDING if until_s is None else self.prepare_lookup(
+                owner, keys, skip_tokens=skip_tokens, token_counts=token_counts,
+                num_asked_chunks=num_asked_chunks, remote_tokens=remote_tokens,
+                is_final=is_final, wait_until_s=until_s,
+            )  # fmt: skip
         fetched = self._remote.held_keys(owner) if self._remote is not None else set()
         tiers = tuple(
             Tier.REMOTE if key in fetched else state.sources.get(key, Tier.CPU)
@@ -214,7 +194,7 @@ class TierPipeline:
     def _hit_tokens(tiers: Sequence[Tier], token_counts: Sequence[int] | None) -> int | None:
         return None if token_counts is None else sum(token_counts[: len(tiers)])
 
-    def _give_up_if_late(self, state: _Owner) -> bool:
+    def _give_up_if_late(self, state: OwnerState) -> bool:
         """Past its deadline, the requester stops waiting for its promotions and takes what is
         in CPU (a slow disk costs it at most the budget); they land in CPU for whoever asks
         next, and are the disk's measurement."""
@@ -228,7 +208,7 @@ class TierPipeline:
         logger.debug("kvstore: a disk promotion ran past its budget; recomputed instead")
         return True
 
-    def _await_promotion(self, state: _Owner, num_chunks: int) -> bool:
+    def _await_promotion(self, state: OwnerState, num_chunks: int) -> bool:
         """Wait (without the GIL) up to `promotion_wait_s` for `state`'s promotion to land;
         not at all when the disk's measured speed says it would not land in time."""
         wait_s = self._promotion_wait_s
@@ -236,8 +216,29 @@ class TierPipeline:
             expected_s = self._cost.load_s(Tier.DISK, num_chunks)
             if expected_s is not None and expected_s > wait_s:
                 return False
-        deadline_s = time.monotonic() + wait_s
-        while state.promoting:
+        return self._poll_until(lambda: not state.promoting, time.monotonic() + wait_s)
+
+    def _remote_wait(self, owner: str, may_wait: bool, until_s: float | None) -> float | None:
+        """Wait until `until_s` (first call: `promotion_wait_s` from now) for `owner`'s remote
+        probe or fetch to answer; returns `until_s` if it did, else None (also at once when
+        the link's measured speed says it would not answer in time)."""
+        remote = self._remote
+        until_s = time.monotonic() + self._promotion_wait_s if until_s is None else until_s
+        if remote is None or not may_wait:
+            return None
+        num_chunks = remote.num_waited_chunks(owner)
+        expected_s = None
+        if num_chunks is not None and self._cost is not None:
+            expected_s = self._cost.load_s(Tier.REMOTE, num_chunks)
+        if expected_s is not None and time.monotonic() + expected_s > until_s:
+            return None
+        is_answered = self._poll_until(lambda: remote.num_waited_chunks(owner) is None, until_s)
+        return until_s if is_answered else None
+
+    def _poll_until(self, is_done: Callable[[], bool], deadline_s: float) -> bool:
+        """Poll (blocked on the completions, without the GIL) until `is_done()`, at most
+        until `deadline_s`; whether it was done."""
+        while not is_done():
             left_s = deadline_s - time.monotonic()
             if left_s <= 0:
                 return False
@@ -250,7 +251,7 @@ class TierPipeline:
             self._cost.observe_step(num_tokens, duration_s)
 
     def _start_promotion(
-        self, owner: str, state: _Owner, keys: Sequence[BlockKey], num_tokens: int | None
+        self, owner: str, state: OwnerState, keys: Sequence[BlockKey], num_tokens: int | None
     ) -> bool:
         plan = self._index.plan_promotion(list(keys))
         state.held.update(plan.held)
@@ -271,7 +272,7 @@ class TierPipeline:
 
     def _record_lookup(
         self,
-        state: _Owner,
+        state: OwnerState,
         num_chunks: int,
         skip_tokens: int,
         tiers: Sequence[Tier],
@@ -454,16 +455,7 @@ class TierPipeline:
         self._write_through()
         self._pump_events()
 
-    def _release_holds(self, state: _Owner) -> None:
+    def _release_holds(self, state: OwnerState) -> None:
         if state.held:
             self._index.release(list(state.held))
             state.held.clear()
-
-
-def _leading(tiers: Sequence[Tier], tier: Tier) -> int:
-    count = 0
-    for found in tiers:
-        if found is not tier:
-            break
-        count += 1
-    return count

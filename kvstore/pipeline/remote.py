@@ -183,6 +183,13 @@ class RemoteSteps:
         self._io.submit_fetch(items, owner)
         return True
 
+    def num_waited_chunks(self, owner: str) -> int | None:
+        """What `owner` waits on: None (nothing), 0 (a probe), else the chunks being fetched."""
+        state = self._lookups.get(owner)
+        if state is None or not state.is_pending:
+            return None
+        return 0 if state.is_probing else len(state.fetching)
+
     def held_keys(self, owner: str) -> set[BlockKey]:
         state = self._lookups.get(owner)
         return set() if state is None else state.fetched

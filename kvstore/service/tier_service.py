@@ -87,6 +87,7 @@ class TierService:
         remote_rows: RowBuffers | None = None,
         remote_queue_chunks: int = 256,
         num_read_threads: int = 2,
+        hold_writes: bool = False,
     ) -> None:
         self._disk = disk
         self._metrics = metrics
@@ -103,6 +104,7 @@ class TierService:
         self._num_queued_jobs = 0  # every job (writes, deletes, calls) until its batch ran
         self._num_inflight_promotions = 0
         self._is_disk_up = disk is not None
+        self._is_held = hold_writes and disk is not None  # until release_writes()
         self._is_closing = False
         self._is_closed = False
         # Loop-thread state (created in _start_async):
@@ -209,6 +211,8 @@ class TierService:
             logger.error("kvstore service shutdown was not clean: %s", exc)
 
     async def _close_async(self, deadline_s: float) -> None:
+        if self._is_held:  # no worker ever reported its layout: nothing may reach LMDB
+            self._drop_held()
         # 1. drain queued writes (the write loop keeps running) until done or the deadline
         try:
             await asyncio.wait_for(self._idle.wait(), max(0.0, deadline_s - time.monotonic()))
@@ -274,6 +278,24 @@ class TierService:
                 return False
             time.sleep(0.002)
         return True
+
+    def release_writes(self, first: Callable[[], object] | None = None) -> None:
+        """Start the writer thread's work held since start (`hold_writes`), `first` before
+        any of it: the engine's disk namespace is registered once its worker reported the
+        chunk layout, and a write queued before that (a remote hit's write-through in the
+        first step) must not reach LMDB first. Held jobs count against the queue's bound."""
+        if self._disk is None or self._is_closing:
+            return
+        with self._count_lock:
+            self._num_queued_jobs += first is not None
+        self._loop_thread.call_soon(self._release, first)
+
+    def _release(self, first: Callable[[], object] | None) -> None:
+        if first is not None:
+            self._idle.clear()
+            self._write_queue.appendleft(_WriteJob([], [], first))
+        self._is_held = False
+        self._has_work.set()
 
     def submit_call(self, fn: Callable[[], object]) -> None:
         """Run `fn` on the LMDB writer thread, in order with the queued writes."""
@@ -345,7 +367,7 @@ class TierService:
     async def _next_batch(self) -> _WriteJob:
         """The next queued job; consecutive writes merge into one batch (one transaction)."""
         queue = self._write_queue
-        while not queue:
+        while not queue or self._is_held:
             self._has_work.clear()
             await self._has_work.wait()
         job = queue.popleft()
@@ -382,14 +404,24 @@ class TierService:
         give up and mark the disk down)."""
         failed = [self._writing] if self._writing is not None else []
         self._writing = None
-        failed += self._write_queue
+        self._fail_queued(failed, "tier_down")
+
+    def _fail_queued(self, jobs: list[_WriteJob], reason: str) -> None:
+        """Fail `jobs` and everything queued: their writes end as failed (rows released)."""
+        jobs += self._write_queue
         self._write_queue.clear()
-        for job in failed:
+        for job in jobs:
             if job.items:
                 self._finish_write(job, WriteDone(ok=(), failed=tuple(k for k, _ in job.items)))
-                self._record_drop(len(job.items), "tier_down")
+                self._record_drop(len(job.items), reason)
             self._end_jobs(job.num_jobs)
         self._idle.set()
+
+    def _drop_held(self) -> None:
+        if self._num_queued_chunks:
+            logger.warning("kvstore: %d disk writes dropped at shutdown: the engine's namespace "
+                           "was never registered", self._num_queued_chunks)  # fmt: skip
+        self._fail_queued([], "closed")
 
     def _disk_down(self) -> None:
         """The tasks' restart budget is spent: write-throughs are dropped from now on."""
@@ -436,7 +468,7 @@ class TierService:
         self._touched.clear()  # these hit times are not recorded
 
     async def _flush_touches(self) -> None:
-        if self._disk is None or not self._touched:
+        if self._disk is None or not self._touched or self._is_held:
             return
         keys, self._touched = list(self._touched), set()
         await asyncio.wrap_future(self._writer.submit(self._disk.touch, keys))

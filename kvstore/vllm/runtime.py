@@ -166,6 +166,7 @@ class SchedulerRuntime:
             remote=self._remote_chunks(),
             remote_rows=region,
             remote_queue_chunks=config.remote_queue_chunks,
+            hold_writes=True,  # until the namespace is registered (register_layout)
         )
         self.service = service  # closed by close() even if start fails
         try:
@@ -266,7 +267,8 @@ class SchedulerRuntime:
     # -- namespace --------------------------------------------------------------------------
 
     def register_layout(self, layout: dict[str, Any]) -> None:
-        """Record the worker's chunk layout with the namespace, so the CLI can decode chunks."""
+        """Record the worker's chunk layout with the namespace, so the CLI can decode chunks;
+        the service holds disk writes until then (a remote hit can land before the first step)."""
         store, service = self.store, self.service
         if self._is_layout_registered or service is None:
             return
@@ -287,7 +289,7 @@ class SchedulerRuntime:
             except TierError as exc:
                 logger.error("kvstore: could not register the disk namespace: %s", exc)
 
-        service.submit_call(register)
+        service.release_writes(first=register)
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -64,6 +64,7 @@ def make_engine(
     num_cpu_rows: int = 8,
     has_disk: bool = True,
     cost: LoadCostModel | None = None,
+    promotion_wait_s: float = 0.0,
 ) -> Engine:
     disk_bytes = 16 * CHUNK_BYTES if has_disk else 0
     config = IndexConfig(num_cpu_rows, CHUNK_BYTES, TOKENS, disk_bytes)
@@ -76,8 +77,9 @@ def make_engine(
     service = InlineTierService(disk, remote=remote, remote_rows=rows)
     observer = Observer()
     pipeline = TierPipeline(
-        TierIndex(config), service, [observer], num_tokens_per_chunk=TOKENS, cost=cost
-    )
+        TierIndex(config), service, [observer], num_tokens_per_chunk=TOKENS, cost=cost,
+        promotion_wait_s=promotion_wait_s,
+    )  # fmt: skip
     return Engine(pipeline, service, rows, observer)
 
 
@@ -211,3 +213,33 @@ def test_an_idle_poll_waits_only_while_a_requester_waits_on_io(
     assert not reader.pipeline.is_waiting
     reader.pipeline.release("r1")
     reader.pipeline.forget("r1")
+
+
+@pytest.mark.parametrize(("promotion_wait_s", "is_answered_at_once"), [(0.0, False), (5.0, True)])
+def test_a_fast_remote_answers_the_lookup_that_asked_within_the_wait(
+    monkeypatch: pytest.MonkeyPatch, promotion_wait_s: float, is_answered_at_once: bool
+) -> None:
+    """Probe and fetch are waited for in the lookup, within `promotion_wait_s` in all (as a
+    disk promotion is): a link that answers in time costs the request no scheduler steps."""
+    shared = SharedRemote(16)
+    writer = make_engine(shared)
+    reader = make_engine(shared, has_disk=False, promotion_wait_s=promotion_wait_s)
+    writer.store_chunks(ks(1, 2, 3))
+    writer.settle()
+    drain = reader.service.drain_completions
+    waits: list[float] = []
+
+    def answering(timeout_s: float = 0.0) -> list[Completion]:  # a service thread that answers
+        if timeout_s > 0:
+            waits.append(timeout_s)
+            reader.service.run_pending()
+        return drain(timeout_s)
+
+    monkeypatch.setattr(reader.service, "drain_completions", answering)
+    answer = reader.pipeline.prepare_lookup("r1", ks(1, 2, 3))
+    assert answer.is_pending is not is_answered_at_once
+    if is_answered_at_once:
+        assert answer.tiers == (Tier.REMOTE,) * 3
+        assert len(waits) == 2 and all(0 < wait <= promotion_wait_s for wait in waits)
+    else:
+        assert waits == [] and reader.lookup("r1", ks(1, 2, 3)) == (Tier.REMOTE,) * 3

@@ -219,3 +219,40 @@ def test_a_full_queue_drops_and_counts(num_chunks: int) -> None:
         assert dropped == num_chunks
     finally:
         service.close()
+
+
+def test_held_writes_wait_for_the_namespace_and_run_after_its_registration() -> None:
+    """An engine's disk namespace is registered only once its worker reported the chunk
+    layout; a write queued before that (a remote hit landing in the first step) waits for
+    the registration instead of failing with "not registered"."""
+    store = MemoryStore(1 << 20)  # NS not registered yet
+    service = TierService(disk=DiskIO(store, NS, Rows()), hold_writes=True)
+    service.start()
+    try:
+        assert service.submit_write([(key(1), 1), (key(2), 2)], [])
+        service.submit_delete([key(9)])
+        assert not service.wait_idle(0.2)  # held: nothing ran
+        assert service.drain_completions() == [] and NS not in store.namespaces()
+        service.release_writes(first=lambda: store.register_namespace(NS, {"row_bytes": 64}))
+        (done,) = completions_until(service, 1)
+        assert isinstance(done, WriteDone) and done.ok == (key(1), key(2))
+        assert store.contains(NS, key(1)) and service.wait_idle(5.0)
+    finally:
+        service.close()
+
+
+def test_writes_still_held_at_close_are_failed_and_counted_not_written() -> None:
+    store = MemoryStore(1 << 20)
+    metrics = KVStoreMetrics(CollectorRegistry())
+    service = TierService(disk=DiskIO(store, NS, Rows()), metrics=metrics, hold_writes=True)
+    service.start()
+    assert service.submit_write([(key(1), 1)], [])
+    start = time.monotonic()
+    assert service.close()
+    assert time.monotonic() - start < 2.0  # not the drain's deadline
+    (done,) = service.drain_completions()
+    assert isinstance(done, WriteDone) and done.failed == (key(1),)
+    dropped = metrics.registry.get_sample_value(
+        "kvstore_queue_dropped_total", {"queue": "write_through", "reason": "closed"}
+    )
+    assert dropped == 1 and store.namespaces() == {}
