@@ -95,7 +95,10 @@ def _server(args: argparse.Namespace, spec: ServerSpec, target: str) -> Server:
         )
         return Server(spec, transfer, log)
     port = free_port()
-    extra = args.lmcache_server_args or f"--cpu-buffer-size {max(1, args.cpu_bytes >> 30)}"
+    memory_gb = (args.cpu_bytes + args.disk_bytes) / (1 << 30)  # kvstore's CPU + disk, in DRAM
+    extra = args.lmcache_server_args or (  # LMCache 0.5.6's flags
+        f"--l1-size-gb {memory_gb:.3f} --eviction-policy LRU --supported-transfer-mode auto"
+    )
     helper = [
         sys.executable,
         "-m",
@@ -112,6 +115,7 @@ def _server(args: argparse.Namespace, spec: ServerSpec, target: str) -> Server:
         "kv_connector_extra_config": {
             "lmcache.mp.host": "tcp://127.0.0.1",
             "lmcache.mp.port": port,
+            "lmcache.mp.mp_transfer_mode": "lmcache_driven",  # shared memory on the CPU
         },
     }
     server = Server(spec, transfer, log, helper_command=helper)

@@ -66,7 +66,7 @@ def _parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument(
         "--lmcache-server-args",
         default=None,
-        help="arguments of LMCache's MP server (default: --cpu-buffer-size GB)",
+        help="arguments of LMCache's MP server (default: --l1-size-gb, kvstore's CPU + disk bytes)",
     )
     return p
 

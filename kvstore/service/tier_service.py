@@ -11,6 +11,8 @@ back to the owner (so pinned CPU rows are released and the writes counted as fai
 is restarted, up to `_MAX_RESTARTS` times; after that the disk tier is marked down
 (`kvstore_tier_up{tier="disk"} 0`) and write-throughs are dropped, never silently lost.
 `close()` has one deadline for everything: draining, tasks, sinks and the I/O threads.
+With `hold_writes` the writer thread runs nothing until `release_writes()` (the connector
+registers its disk namespace then, once a worker reported the chunk layout).
 
 Threading: every `submit_*`, `publish`, `drain_completions` and `close` call comes from one
 owner thread (vLLM's scheduler thread); the loop thread owns the queues and tasks; LMDB writes
