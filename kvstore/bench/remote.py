@@ -294,10 +294,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         times["recompute_beside_slow_link"]
     )  # the baseline measured beside engine C, interleaved
     loaded, recomputed, gave_up = (decisions[d] for d in ("load", "recompute", "gave_up"))
+    per_prompt = [kv / rc for kv, rc in zip(times["kvstore_remote_slow_link"],
+                                            times["recompute_beside_slow_link"], strict=True)]
     print(f"- Redis behind {args.slow_latency_ms:g} ms and {args.slow_mbps:g} MB/s: "
           f"{far:.2f}x the recompute of an engine without kvstore run beside it "
-          f"(target <= 1.1); load_policy cost loaded {loaded:.0f}, "
-          f"recomputed {recomputed:.0f} and gave up on {gave_up:.0f} lookups")  # fmt: skip
+          f"(target <= 1.1; per prompt, paired: "
+          f"{', '.join(f'{ratio:.2f}' for ratio in per_prompt)}); load_policy cost loaded "
+          f"{loaded:.0f}, recomputed {recomputed:.0f} and gave up on {gave_up:.0f} "
+          "lookups")  # fmt: skip
     return 0
 
 
