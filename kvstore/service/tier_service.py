@@ -22,13 +22,12 @@ run on exactly one executor thread, reads on a small pool.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from kvstore.events import TierEvent
@@ -40,23 +39,15 @@ from kvstore.service.disk_io import DiskIO, IOReport, RowBuffers
 from kvstore.service.executors import DaemonExecutor
 from kvstore.service.loop import LoopThread
 from kvstore.service.remote_io import RemoteIO
+from kvstore.service.write_queue import WriteJob, WriteQueue
 from kvstore.tasks import OwnedTasks
 
 __all__ = ["EventPublisher", "TierService"]
 
 logger = logging.getLogger(__name__)
 
-_WRITE_BATCH_CHUNKS = 64
 _TOUCH_FLUSH_INTERVAL_S = 1.0
 _MAX_RESTARTS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class _WriteJob:
-    items: list[tuple[BlockKey, int]]
-    victims: list[BlockKey]
-    call: Callable[[], object] | None = None
-    num_jobs: int = 1  # the submitted jobs this one stands for (a batch merges several)
 
 
 def _run_logged(fn: Callable[[], object]) -> None:
@@ -106,14 +97,12 @@ class TierService:
         self._num_queued_jobs = 0  # every job (writes, deletes, calls) until its batch ran
         self._num_inflight_promotions = 0
         self._is_disk_up = disk is not None
-        self._is_held = hold_writes and disk is not None  # until release_writes()
+        self._hold_writes = hold_writes and disk is not None  # until release_writes()
         self._is_closing = False
         self._is_closed = False
         # Loop-thread state (created in _start_async):
-        self._write_queue: collections.deque[_WriteJob] = collections.deque()
-        self._has_work: asyncio.Event
-        self._writing: _WriteJob | None = None  # the batch the write loop holds
-        self._idle: asyncio.Event  # set while no job is queued or running on the writer
+        self._queue: WriteQueue
+        self._writing: WriteJob | None = None  # the batch the write loop holds
         self._touched: set[BlockKey] = set()
         self._tasks = OwnedTasks("disk", max_restarts=_MAX_RESTARTS, on_give_up=self._disk_down)
 
@@ -140,9 +129,7 @@ class TierService:
         self._loop_thread.submit(self._start_async()).result(timeout=10.0)
 
     async def _start_async(self) -> None:
-        self._has_work = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._queue = WriteQueue(is_held=self._hold_writes)
         if self._publisher is not None:
             await self._publisher.start()
         if self._disk is not None:
@@ -213,11 +200,11 @@ class TierService:
             logger.error("kvstore service shutdown was not clean: %s", exc)
 
     async def _close_async(self, deadline_s: float) -> None:
-        if self._is_held:  # no worker ever reported its layout: nothing may reach LMDB
+        if self._queue.is_held:  # no worker ever reported its layout: nothing may reach LMDB
             self._drop_held()
         # 1. drain queued writes (the write loop keeps running) until done or the deadline
         try:
-            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline_s - time.monotonic()))
+            await asyncio.wait_for(self._queue.idle.wait(), max(0.0, deadline_s - time.monotonic()))
         except TimeoutError:
             logger.warning("kvstore: %d queued disk writes dropped at shutdown",
                            self._num_queued_chunks)  # fmt: skip
@@ -251,9 +238,9 @@ class TierService:
         if is_full:
             self._record_drop(len(items), "queue_full")
             if victims:  # the index already let them go: delete them anyway
-                self._submit_job(_WriteJob([], list(victims)))
+                self._submit_job(WriteJob([], list(victims)))
             return False
-        self._submit_job(_WriteJob(list(items), list(victims)))
+        self._submit_job(WriteJob(list(items), list(victims)))
         return True
 
     def submit_promotion(self, items: Sequence[tuple[BlockKey, int]], tag: object = None) -> bool:
@@ -293,20 +280,16 @@ class TierService:
         self._loop_thread.call_soon(self._release, first)
 
     def _release(self, first: Callable[[], object] | None) -> None:
-        if first is not None:
-            self._idle.clear()
-            self._write_queue.appendleft(_WriteJob([], [], first))
-        self._is_held = False
-        self._has_work.set()
+        self._queue.release(WriteJob([], [], first) if first is not None else None)
 
     def submit_call(self, fn: Callable[[], object]) -> None:
         """Run `fn` on the LMDB writer thread, in order with the queued writes."""
         if self._disk is not None and not self._is_closing:
-            self._submit_job(_WriteJob([], [], fn))
+            self._submit_job(WriteJob([], [], fn))
 
     def submit_delete(self, keys: Sequence[BlockKey]) -> None:
         if self._disk is not None and keys and not self._is_closing:
-            self._submit_job(_WriteJob([], list(keys)))
+            self._submit_job(WriteJob([], list(keys)))
 
     def submit_touch(self, keys: Sequence[BlockKey]) -> None:
         if self._disk is not None and keys and not self._is_closing:
@@ -334,17 +317,12 @@ class TierService:
 
     # -- the write loop (loop thread) -------------------------------------------------------
 
-    def _submit_job(self, job: _WriteJob) -> None:
+    def _submit_job(self, job: WriteJob) -> None:
         """Queue `job` from any thread; it counts as queued from now (so `wait_idle` and the
         shutdown drain see it) until its batch has run."""
         with self._count_lock:
             self._num_queued_jobs += 1
-        self._loop_thread.call_soon(self._enqueue, job)
-
-    def _enqueue(self, job: _WriteJob) -> None:
-        self._idle.clear()
-        self._write_queue.append(job)
-        self._has_work.set()
+        self._loop_thread.call_soon(self._queue.append, job)
 
     def _end_jobs(self, num_jobs: int) -> None:
         with self._count_lock:
@@ -352,7 +330,7 @@ class TierService:
 
     async def _write_loop(self) -> None:
         while True:
-            job = await self._next_batch()
+            job = await self._queue.next_batch()
             self._writing = job
             if job.call is not None:
                 await asyncio.wrap_future(self._writer.submit(_run_logged, job.call))
@@ -363,27 +341,10 @@ class TierService:
                 await self._write(job)
             self._writing = None
             self._end_jobs(job.num_jobs)
-            if not self._write_queue:
-                self._idle.set()
+            if not self._queue:
+                self._queue.idle.set()
 
-    async def _next_batch(self) -> _WriteJob:
-        """The next queued job; consecutive writes merge into one batch (one transaction)."""
-        queue = self._write_queue
-        while not queue or self._is_held:
-            self._has_work.clear()
-            await self._has_work.wait()
-        job = queue.popleft()
-        if job.call is not None:
-            return job
-        items, victims, num_jobs = list(job.items), list(job.victims), job.num_jobs
-        while len(items) < _WRITE_BATCH_CHUNKS and queue and queue[0].call is None:
-            more = queue.popleft()  # a call stays queued: it runs after this batch, in order
-            items += more.items
-            victims += more.victims
-            num_jobs += more.num_jobs
-        return _WriteJob(items, victims, num_jobs=num_jobs)
-
-    async def _write(self, job: _WriteJob) -> None:
+    async def _write(self, job: WriteJob) -> None:
         assert self._disk is not None
         done, report = await asyncio.wrap_future(
             self._writer.submit(self._disk.write, job.items, job.victims)
@@ -391,7 +352,7 @@ class TierService:
         self._finish_write(job, done)
         self._record(report, IOOp.WRITE)
 
-    def _finish_write(self, job: _WriteJob, done: WriteDone) -> None:
+    def _finish_write(self, job: WriteJob, done: WriteDone) -> None:
         with self._count_lock:
             self._num_queued_chunks -= len(job.items)
         self._writing = None
@@ -408,16 +369,15 @@ class TierService:
         self._writing = None
         self._fail_queued(failed, "tier_down")
 
-    def _fail_queued(self, jobs: list[_WriteJob], reason: str) -> None:
+    def _fail_queued(self, jobs: list[WriteJob], reason: str) -> None:
         """Fail `jobs` and everything queued: their writes end as failed (rows released)."""
-        jobs += self._write_queue
-        self._write_queue.clear()
+        jobs += self._queue.take_all()
         for job in jobs:
             if job.items:
                 self._finish_write(job, WriteDone(ok=(), failed=tuple(k for k, _ in job.items)))
                 self._record_drop(len(job.items), reason)
             self._end_jobs(job.num_jobs)
-        self._idle.set()
+        self._queue.idle.set()
 
     def _drop_held(self) -> None:
         if self._num_queued_chunks:
@@ -452,7 +412,7 @@ class TierService:
             self._end_promotion(failed)
             return
         if done.corrupt and self._is_disk_up:  # queued before the promotion ends: a drain sees it
-            self._submit_job(_WriteJob([], list(done.corrupt)))
+            self._submit_job(WriteJob([], list(done.corrupt)))
         self._end_promotion(replace(done, tag=failed.tag))
         self._record(report, IOOp.READ)
 
@@ -470,7 +430,7 @@ class TierService:
         self._touched.clear()  # these hit times are not recorded
 
     async def _flush_touches(self) -> None:
-        if self._disk is None or not self._touched or self._is_held:
+        if self._disk is None or not self._touched or self._queue.is_held:
             return
         keys, self._touched = list(self._touched), set()
         await asyncio.wrap_future(self._writer.submit(self._disk.touch, keys))
