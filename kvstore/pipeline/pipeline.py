@@ -16,8 +16,7 @@ are applied at the owner's next call (`poll`), so the index stays single-threade
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from kvstore.events import TierEvent
@@ -30,6 +29,7 @@ from kvstore.pipeline.load_cost import LoadCostModel
 from kvstore.pipeline.lookups import PENDING, LookupAnswer, OwnerState, num_leading
 from kvstore.pipeline.observers import Observers, PipelineObserver
 from kvstore.pipeline.remote import RemoteSteps, RemoteTierIO
+from kvstore.pipeline.waits import LookupWaits
 from kvstore.service import (
     PromotionDone,
     RemoteFetchDone,
@@ -75,7 +75,6 @@ class TierPipeline:
     ) -> None:
         self._index = index
         self._cost = cost  # None: every hit is loaded
-        self._promotion_wait_s = promotion_wait_s
         self._service = service
         self._observers = Observers(observers, service.publish)
         self._num_tokens_per_chunk = num_tokens_per_chunk
@@ -88,6 +87,7 @@ class TierPipeline:
             if service.remote is not None
             else None
         )
+        self._waits = LookupWaits(self.poll, cost, promotion_wait_s)
 
     @property
     def index(self) -> TierIndex:
@@ -143,7 +143,7 @@ class TierPipeline:
             if self._promotion_pays(result.tiers, token_counts) and self._start_promotion(
                 owner, state, result.keys, self._hit_tokens(result.tiers, token_counts)
             ):
-                if may_wait and self._await_promotion(state, result.num_disk_hits):
+                if may_wait and self._waits.promotion(state, result.num_disk_hits):
                     return self.prepare_lookup(
                         owner, keys, skip_tokens=skip_tokens, may_wait=False,
                         token_counts=token_counts, num_asked_chunks=num_asked_chunks,
@@ -154,7 +154,7 @@ class TierPipeline:
         elif self._remote is not None and self._remote.extend(
             owner, keys, num_hits, num_tokens=remote_tokens
         ):
-            until_s = self._remote_wait(owner, may_wait, wait_until_s)
+            until_s = self._waits.remote(self._remote, owner, wait_until_s) if may_wait else None
             return PENDING if until_s is None else self.prepare_lookup(
                 owner, keys, skip_tokens=skip_tokens, token_counts=token_counts,
                 num_asked_chunks=num_asked_chunks, remote_tokens=remote_tokens,
@@ -206,43 +206,6 @@ class TierPipeline:
             state.sources.pop(key, None)
         state.promoting.clear()
         logger.debug("kvstore: a disk promotion ran past its budget; recomputed instead")
-        return True
-
-    def _await_promotion(self, state: OwnerState, num_chunks: int) -> bool:
-        """Wait (without the GIL) up to `promotion_wait_s` for `state`'s promotion to land;
-        not at all when the disk's measured speed says it would not land in time."""
-        wait_s = self._promotion_wait_s
-        if self._cost is not None:
-            expected_s = self._cost.load_s(Tier.DISK, num_chunks)
-            if expected_s is not None and expected_s > wait_s:
-                return False
-        return self._poll_until(lambda: not state.promoting, time.monotonic() + wait_s)
-
-    def _remote_wait(self, owner: str, may_wait: bool, until_s: float | None) -> float | None:
-        """Wait until `until_s` (first call: `promotion_wait_s` from now) for `owner`'s remote
-        probe or fetch to answer; returns `until_s` if it did, else None (also at once when
-        the link's measured speed says it would not answer in time)."""
-        remote = self._remote
-        until_s = time.monotonic() + self._promotion_wait_s if until_s is None else until_s
-        if remote is None or not may_wait:
-            return None
-        num_chunks = remote.num_waited_chunks(owner)
-        expected_s = None
-        if num_chunks is not None and self._cost is not None:
-            expected_s = self._cost.load_s(Tier.REMOTE, num_chunks)
-        if expected_s is not None and time.monotonic() + expected_s > until_s:
-            return None
-        is_answered = self._poll_until(lambda: remote.num_waited_chunks(owner) is None, until_s)
-        return until_s if is_answered else None
-
-    def _poll_until(self, is_done: Callable[[], bool], deadline_s: float) -> bool:
-        """Poll (blocked on the completions, without the GIL) until `is_done()`, at most
-        until `deadline_s`; whether it was done."""
-        while not is_done():
-            left_s = deadline_s - time.monotonic()
-            if left_s <= 0:
-                return False
-            self.poll(wait_s=left_s)
         return True
 
     def observe_step(self, num_tokens: int, duration_s: float) -> None:
