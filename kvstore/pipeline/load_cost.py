@@ -15,9 +15,11 @@ scheduler round trip). The decision is all or nothing per lookup: the latency is
 the rest grows with `n` at a fixed rate, so if any prefix pays, the longest does.
 
 Until both sides are measured, or when a tier's figures are older than `stale_s` (a link that
-recovers; a tier never loaded from because it was slow is re-measured this way), loads go ahead:
-the load itself is the measurement. Remote writes keep the remote tier's figures fresh while
-loads from it are declined.
+recovers; a tier never loaded from because it was slow is re-measured this way), loads go ahead
+(the load itself is the measurement), unless the fastest samples seen so far already put the
+load past the recompute (`floor_s`). Remote writes keep the remote tier's figures fresh while
+loads from it are declined; a reader that gave up on a probe fetches a few of the chunks it
+found anyway, in the background, to measure the link (`RemoteSteps`).
 
 A load the requester waits on has a budget (`wait_budget_s`): twice its expected time, within
 [`EXPLORE_FRACTION`, `margin`] x the recompute. An unmeasured remote link gets the lower end (a
@@ -83,6 +85,13 @@ class _Recent:
 
     def known(self, now_s: float, stale_s: float) -> bool:
         return len(self._samples) >= self._min_samples and now_s - self.updated_s <= stale_s
+
+    def least(self, now_s: float, stale_s: float) -> float | None:
+        """The smallest recent sample, even if there are too few for `value` (None: none, or
+        stale): a lower bound that one outlier cannot lower (outliers are slow, not fast)."""
+        if not self._samples or now_s - self.updated_s > stale_s:
+            return None
+        return min(self._samples)
 
 
 @dataclass(slots=True)
@@ -169,23 +178,37 @@ class LoadCostModel:
         self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
     ) -> bool:
         """Whether loading `num_chunks` chunks from `tier` is expected to pay (not counted);
-        True when either side is not measured (yet, or lately). A link whose time per byte is
-        not known yet but whose round trips alone outlast the recompute does not pay.
+        True when either side is not measured (yet, or lately), unless the load's floor
+        (`floor_s`, from the samples there are) already outlasts the recompute.
         `num_tokens`: the tokens the load saves computing, when not `num_chunks` chunks'."""
         recompute = self.recompute_s(num_chunks, num_tokens=num_tokens)
         if recompute is None:
             return True
         load = self.load_s(tier, num_chunks, round_trips=round_trips)
         if load is None:
-            load = self.latency_floor_s(tier, round_trips)
+            load = self.floor_s(tier, num_chunks, round_trips=round_trips)
         return load is None or load <= self.margin * recompute
 
-    def latency_floor_s(self, tier: Tier, round_trips: int) -> float | None:
-        """The least a load from `tier` takes: its round trips (None: not measured)."""
-        latency = self._links[tier].latency_s
-        if tier is not Tier.REMOTE or not latency.known(self._clock(), self.stale_s):
+    def floor_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
+        """The least a load from `tier` can take, from what is measured so far, even one
+        sample: its round trips at the fastest latency seen, plus its bytes at the fastest
+        transfer seen (None: nothing measured). A link too slow by this alone is decided
+        against before its figures are settled, so it is not explored request after request."""
+        link = self._links[tier]
+        now = self._clock()
+        latency = link.latency_s.least(now, self.stale_s) if tier is Tier.REMOTE else None
+        s_per_byte = link.s_per_byte.least(now, self.stale_s)
+        if latency is None and s_per_byte is None:
             return None
-        return round_trips * latency.value
+        return round_trips * (latency or 0.0) + num_chunks * self.chunk_bytes * (s_per_byte or 0.0)
+
+    def needs_transfer_sample(self, tier: Tier) -> bool:
+        """Whether `tier`'s time per byte is unknown or stale: a transfer would measure it."""
+        return not self._links[tier].s_per_byte.known(self._clock(), self.stale_s)
+
+    def seconds_until(self, deadline_s: float | None) -> float | None:
+        """Seconds from now to `deadline_s` on this model's clock (None: no deadline)."""
+        return None if deadline_s is None else deadline_s - self._clock()
 
     def wait_budget_s(
         self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None

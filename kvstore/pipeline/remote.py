@@ -8,7 +8,11 @@ requester, and written through to the local disk like any stored chunk. A dead r
 "nothing found" within the budget, so a request never waits on it longer than that. With
 `load_policy: cost` a requester also stops waiting once its probe and fetch run past the load
 cost model's budget (`LoadCostModel.wait_budget_s`: a small fraction of the recompute when the
-link is not measured yet): it recomputes, and the fetch lands in CPU in the background.
+link is not measured yet): it recomputes, and the fetch lands in CPU in the background. While
+the link is not measured, a fetch takes a few chunks first (`_SAMPLE_BYTES`) and the rest only
+once they land in time, so a slow link that is given up on carries no whole prompt beside the
+recompute; a requester that gave up before its probe answered still fetches those few, to
+measure the link for the next lookup.
 
 Chunks the engine stores are written to Redis from their pinned CPU rows (batched, bounded,
 droppable); each that lands is reported stored in the remote tier, and Redis's own removals
@@ -31,6 +35,13 @@ from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, Rem
 __all__ = ["RemoteLookup", "RemoteSteps", "RemoteTierIO"]
 
 logger = logging.getLogger(__name__)
+
+_SAMPLE_BYTES = 4 << 20
+"""What a fetch moves at most while the link's speed is not known: the first part of a
+requester's fetch (the rest follows once it lands within the requester's budget), or the
+measuring fetch of a requester that gave up on its probe (`RemoteSteps._fetch_sample`).
+Enough that a round trip does not dominate the measurement, little enough that a slow link
+given up on does not go on carrying a whole prompt beside the recompute."""
 
 
 class RemoteTierIO(Protocol):
@@ -121,14 +132,30 @@ class RemoteSteps:
             self._io.submit_probe(rest, owner)
             return True
         num_found = _leading_found(rest, state.found)
-        if num_found == 0:
-            return False
-        if self._cost is not None and not self._cost.pays(
-            Tier.REMOTE, num_found, num_tokens=num_tokens
-        ):
+        if num_found == 0 or not self._fetch_pays(state, num_found, num_tokens):
             return False
         self._start_clock(state, num_found, round_trips=1, num_tokens=num_tokens)
-        return self._fetch(owner, state, keys[:num_local], rest[:num_found])
+        wanted = rest[:num_found]
+        if (
+            self._cost is not None
+            and num_tokens is None
+            and self._cost.needs_transfer_sample(Tier.REMOTE)
+        ):  # an unmeasured link: a few chunks first, the rest once they land in time
+            wanted = wanted[: max(1, _SAMPLE_BYTES // self._cost.chunk_bytes)]
+        return self._fetch(owner, state, keys[:num_local], wanted)
+
+    def _fetch_pays(self, state: RemoteLookup, num_found: int, num_tokens: int | None) -> bool:
+        """Whether to fetch the `num_found` chunks the probe found (counted), or the rest of
+        them once a measuring first part landed (decided on the measurement, not counted
+        again; the requester's budget starts over from it)."""
+        if self._cost is None:
+            return True
+        if not state.fetched:
+            return self._cost.pays(Tier.REMOTE, num_found, num_tokens=num_tokens)
+        if not self._cost.decide(Tier.REMOTE, num_found, num_tokens=num_tokens):
+            return False
+        state.deadline_s = None
+        return True
 
     def _start_clock(
         self,
@@ -183,6 +210,14 @@ class RemoteSteps:
         self._io.submit_fetch(items, owner)
         return True
 
+    def seconds_left(self, owner: str) -> float | None:
+        """How long `owner` may still wait on its probe or fetch (its deadline on the load
+        cost model's clock); None: no deadline."""
+        state = self._lookups.get(owner)
+        if self._cost is None or state is None:
+            return None
+        return self._cost.seconds_until(state.deadline_s)
+
     def num_waited_chunks(self, owner: str) -> int | None:
         """What `owner` waits on: None (nothing), 0 (a probe), else the chunks being fetched."""
         state = self._lookups.get(owner)
@@ -212,8 +247,25 @@ class RemoteSteps:
             return
         state.is_probing = False
         state.found.update(zip(done.keys, done.found, strict=True))
-        if self._cost is not None and done.answered:  # not a timeout's or a breaker's
+        if self._cost is None:
+            return
+        if done.answered:  # not a timeout's or a breaker's
             self._cost.observe_round_trip(Tier.REMOTE, done.duration_s)
+        if state.has_given_up and self._cost.needs_transfer_sample(Tier.REMOTE):
+            self._fetch_sample(str(done.tag), state, done.keys)
+
+    def _fetch_sample(self, owner: str, state: RemoteLookup, keys: Sequence[BlockKey]) -> None:
+        """The requester gave up while its probe was out, and the link's speed is not known:
+        fetch a few of the chunks found (into CPU, held by nobody), so that the next lookup
+        can decide on a measured link instead of exploring it again. Without this, a link
+        whose round trip outlasts the exploring budget would never be measured, and every
+        request would pay that budget."""
+        assert self._cost is not None
+        num_sample = max(1, _SAMPLE_BYTES // self._cost.chunk_bytes)
+        found = keys[: min(_leading_found(keys, state.found), num_sample)]
+        if found:
+            logger.debug("kvstore: fetching %d remote chunk(s) to measure the link", len(found))
+            self._fetch(owner, state, [], list(found))
 
     def finish_fetch(self, done: RemoteFetchDone) -> None:
         """Verified chunks become ready in CPU (and go to the local disk by write-through);

@@ -33,9 +33,13 @@ class LookupWaits:
         return self._until(lambda: not state.promoting, time.monotonic() + self._wait_s)
 
     def remote(self, remote: RemoteSteps, owner: str, until_s: float | None) -> float | None:
-        """Wait until `until_s` (first call: the wait from now) for `owner`'s remote probe or
-        fetch to answer; returns `until_s` if it did, else None."""
+        """Wait until `until_s` (first call: the wait from now), and no longer than `owner`'s
+        own budget, for its remote probe or fetch to answer; returns `until_s` if it did,
+        else None."""
         until_s = time.monotonic() + self._wait_s if until_s is None else until_s
+        left_s = remote.seconds_left(owner)
+        if left_s is not None:  # not past the requester's own budget (load_policy: cost)
+            until_s = min(until_s, time.monotonic() + max(0.0, left_s))
         num_chunks = remote.num_waited_chunks(owner)
         expected_s = None
         if num_chunks is not None and self._cost is not None:

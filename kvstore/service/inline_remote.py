@@ -18,6 +18,7 @@ its cause, so counts over several engines add up).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from kvstore.keys import BlockKey
@@ -113,8 +114,10 @@ class InlineRemoteIO:
         return []
 
     def _fetch(self, items: list[tuple[BlockKey, int]], tag: object) -> RemoteFetchDone:
+        start_s = time.monotonic()
         ok: list[BlockKey] = []
         failed: list[BlockKey] = []
+        num_bytes = 0
         for key, row in items:
             value = self._tier.get(key)
             target = self._rows.row(row)
@@ -123,7 +126,11 @@ class InlineRemoteIO:
                 continue
             target[:] = value
             ok.append(key)
-        return RemoteFetchDone(tuple(ok), tuple(failed), tag)
+            num_bytes += len(value)
+        return RemoteFetchDone(
+            tuple(ok), tuple(failed), tag, num_bytes=num_bytes,
+            duration_s=time.monotonic() - start_s,
+        )  # fmt: skip
 
     def _write(self, items: list[tuple[BlockKey, int]]) -> list[Completion]:
         evicted = self._tier.set_many([(key, bytes(self._rows.row(row))) for key, row in items])

@@ -4,10 +4,13 @@ declining disk promotions and remote probes or fetches that would be slower than
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvstore.keys import BlockKey, Tier
 from kvstore.pipeline.load_cost import EXPLORE_FRACTION, STEP_JITTER_S, LoadCostModel
+from kvstore.service.completions import Completion
 from kvstore.service.inline_remote import SharedRemote
 
 from .test_pipeline_ops import CHUNK_BYTES, TOKENS, Rig, evict_from_cpu, ks, make_rig
@@ -190,10 +193,34 @@ def test_round_trips_alone_can_rule_a_link_out_before_its_bytes_are_measured() -
         cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.0001)  # 4 chunks recompute in 1.6 ms
         cost.observe_round_trip(Tier.REMOTE, 0.05)  # a probe of a distant Redis
     assert cost.load_s(Tier.REMOTE, 4) is None  # nothing fetched yet
-    assert cost.latency_floor_s(Tier.REMOTE, 2) == pytest.approx(0.1)
+    assert cost.floor_s(Tier.REMOTE, 4, round_trips=2) == pytest.approx(0.1)
     assert not cost.pays(Tier.REMOTE, 4, round_trips=2)
-    assert cost.latency_floor_s(Tier.DISK, 1) is None and cost.pays(Tier.DISK, 4)
+    assert cost.floor_s(Tier.DISK, 4) is None and cost.pays(Tier.DISK, 4)
     assert decisions == [(Tier.REMOTE, "recompute"), (Tier.DISK, "load")]
+
+
+def test_one_sample_of_a_slow_link_is_enough_to_decline_it() -> None:
+    """Too few samples for the expected time, but the fastest seen already puts the load past
+    the recompute: declined, not explored again. A fast first sample is not enough to load
+    (the expectation needs its samples); it only does not rule the link out."""
+    cost, decisions = model()
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)  # 4 chunks recompute in 64 ms
+    cost.observe_round_trip(Tier.REMOTE, 0.01)
+    cost.observe_transfer(Tier.REMOTE, 2 * CHUNK_BYTES, 0.01 + 2 * 0.05)  # 50 ms per chunk
+    assert cost.load_s(Tier.REMOTE, 4) is None  # one latency sample: not settled
+    assert cost.floor_s(Tier.REMOTE, 4) == pytest.approx(0.01 + 4 * 0.05)
+    assert not cost.pays(Tier.REMOTE, 4)
+    cost.observe_round_trip(Tier.REMOTE, 0.5)  # a slow outlier does not raise the floor
+    assert cost.floor_s(Tier.REMOTE, 4) == pytest.approx(0.01 + 4 * 0.05)
+
+    fast, _ = model()
+    for _ in range(3):
+        fast.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    fast.observe_round_trip(Tier.REMOTE, 0.001)
+    fast.observe_transfer(Tier.REMOTE, 2 * CHUNK_BYTES, 0.001 + 2 * 0.001)
+    assert fast.pays(Tier.REMOTE, 4)
+    assert decisions == [(Tier.REMOTE, "recompute")]
 
 
 def test_a_wait_is_budgeted_from_the_expected_load_within_the_recompute() -> None:
@@ -305,9 +332,52 @@ def test_an_unmeasured_link_costs_a_request_only_a_fraction_of_its_recompute() -
     answer = reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4))
     assert not answer.is_pending and answer.tiers == ()  # recomputed
     assert decisions == [(Tier.REMOTE, "gave_up")]
-    reader.settle()  # the probe answers late: nothing more is asked for this request
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()
-    assert reader.service.num_pending == 0
+    assert cost.needs_transfer_sample(Tier.REMOTE)
+
+
+class SlowLinkTime:
+    """`time` for the in-memory remote: each fetch takes a second (a slow link)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def monotonic(self) -> float:
+        self.now_s += 0.5
+        return self.now_s
+
+
+def test_a_reader_that_gave_up_on_its_probe_fetches_a_few_chunks_to_measure_the_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A link whose round trip outlasts the exploring budget: the requester gives up while
+    the probe is out. The probe's late answer starts a small fetch (not the whole prefix),
+    held by nobody, that measures the link; the next lookup decides on the measurement, and a
+    link too slow by it is not even probed again."""
+    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
+    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
+    assert reader.service.run_pending()  # the probe answers (late)
+    reader.pipeline.poll()
+    assert reader.service.num_pending == 1  # the measuring fetch
+    reader.settle()
+    assert not cost.needs_transfer_sample(Tier.REMOTE)
+    assert reader.index.stats().num_holds == 0  # held by nobody
+    assert reader.lookup("r2", ks(1, 2)) == (Tier.CPU,) * 2  # 2 chunks landed in CPU, not 3
+    assert decisions == [(Tier.REMOTE, "gave_up")]
+    # the link's one measured sample is too slow for this engine's prefill: the next lookup
+    # does not probe
+    assert (cost.floor_s(Tier.REMOTE, 2) or 0.0) > 2 * cost.recompute_s(2)  # type: ignore[operator]
+    answer = reader.pipeline.prepare_lookup("r3", ks(1, 2, 3, 4))
+    assert not answer.is_pending and answer.tiers == (Tier.CPU,) * 2
+    assert reader.service.num_pending == 0  # nothing asked of the remote
+    assert decisions[-1] == (Tier.REMOTE, "recompute")
 
 
 def test_a_fetch_past_its_budget_is_recomputed_and_lands_in_cpu_for_the_next() -> None:
@@ -354,3 +424,57 @@ def test_a_healthy_link_within_its_budget_is_loaded_and_never_given_up() -> None
         reader.service.run_pending()
     assert answers == {owner: (Tier.REMOTE,) * 2 for owner in wanted}
     assert (Tier.REMOTE, "gave_up") not in decisions
+
+
+def test_the_lookup_waits_on_the_remote_no_longer_than_the_requesters_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`promotion_wait_s` bounds the in-lookup wait for a probe, and so does the requester's
+    own budget (a fraction of its recompute on an unmeasured link): a link that does not
+    answer holds the scheduler's step only that long."""
+    cost, _ = model()
+    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost, promotion_wait_s=5.0)
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    budget = cost.wait_budget_s(Tier.REMOTE, 4, round_trips=2)  # the 4 keys it asks for
+    assert budget is not None and budget < 0.01
+    waits: list[float] = []
+    drain = reader.service.drain_completions
+
+    def silent(timeout_s: float = 0.0) -> list[Completion]:  # a link that does not answer
+        waits.append(timeout_s)
+        return drain(0.0)
+
+    monkeypatch.setattr(reader.service, "drain_completions", silent)
+    start_s = time.monotonic()
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending
+    assert time.monotonic() - start_s < 1.0
+    assert waits and max(waits) <= budget
+
+
+def test_an_unmeasured_link_is_fetched_a_sample_first_and_the_rest_once_it_lands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A link whose speed is not known: the fetch moves a few chunks first. Landing in time,
+    they measure the link and the rest follows (one decision counted); a requester that gives
+    up meanwhile leaves only those few in flight, not the whole prefix."""
+    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", CHUNK_BYTES)
+    for gives_up in (False, True):
+        clock = Clock()
+        cost, decisions = model(clock)
+        reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
+        for _ in range(3):
+            cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+        assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+        assert reader.service.run_pending()
+        assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # fetching
+        if gives_up:
+            clock.now += 1.0
+            assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()
+            reader.settle()
+            assert reader.index.lookup(ks(1, 2, 3)).tiers == (Tier.CPU,)  # the sample, no more
+            assert decisions == [(Tier.REMOTE, "load"), (Tier.REMOTE, "gave_up")]
+        else:
+            assert reader.lookup("r1", ks(1, 2, 3, 4)) == (Tier.REMOTE,) * 3
+            assert decisions == [(Tier.REMOTE, "load")]
+        assert not cost.needs_transfer_sample(Tier.REMOTE)
