@@ -72,6 +72,11 @@ class RemoteIO:
 
     # -- lifecycle (loop thread) ------------------------------------------------------------
 
+    @property
+    def start_bound_s(self) -> float:
+        """The most `start` takes: a connect and a subscribe, each within the timeout."""
+        return 2 * self._chunks.store.config.timeout_s
+
     async def start(self) -> None:
         """Connect (an unreachable server is a warning: the breakers retry later) and follow
         Redis's removals. A refused password raises (a config error)."""

@@ -47,6 +47,7 @@ __all__ = ["EventPublisher", "TierService"]
 logger = logging.getLogger(__name__)
 
 _TOUCH_FLUSH_INTERVAL_S = 1.0
+_START_TIMEOUT_S = 10.0  # the local tiers' start (and the remote's, on top of its own bound)
 _MAX_RESTARTS = 3
 
 
@@ -125,8 +126,13 @@ class TierService:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the loop and the tiers' tasks, within `_START_TIMEOUT_S` plus what the remote
+        tier's own start may take (a connect and a subscribe, each within its timeout)."""
         self._loop_thread.start()
-        self._loop_thread.submit(self._start_async()).result(timeout=10.0)
+        timeout_s = _START_TIMEOUT_S
+        if self._remote is not None:
+            timeout_s += self._remote.start_bound_s
+        self._loop_thread.submit(self._start_async()).result(timeout=timeout_s)
 
     async def _start_async(self) -> None:
         self._queue = WriteQueue(is_held=self._hold_writes)

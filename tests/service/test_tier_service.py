@@ -8,6 +8,7 @@ even when a reader hangs.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -256,3 +257,29 @@ def test_writes_still_held_at_close_are_failed_and_counted_not_written() -> None
         "kvstore_queue_dropped_total", {"queue": "write_through", "reason": "closed"}
     )
     assert dropped == 1 and store.namespaces() == {}
+
+
+def test_a_remote_slower_than_the_local_start_still_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis that accepts and never answers (or answers across a slow link): the remote
+    tier's start takes its own timeouts (a connect, a subscribe), which may exceed the local
+    tiers' start bound; the service starts anyway and serves from the local tiers."""
+    from kvstore.remote import RemoteChunks, RemoteStore
+    from kvstore.service.disk_io import RowBuffers
+    from tests.remote.conftest import descriptor, make_config
+
+    monkeypatch.setattr("kvstore.service.tier_service._START_TIMEOUT_S", 0.5)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts; never reads nor answers
+    port = silent.getsockname()[1]
+    rows: RowBuffers = Rows()  # type: ignore[assignment]
+    store = RemoteStore(make_config(f"redis://127.0.0.1:{port}/0", remote_timeout_ms=600))
+    service = TierService(disk=None, remote=RemoteChunks(store, descriptor()), remote_rows=rows)
+    try:
+        start_s = time.monotonic()
+        service.start()  # raised TimeoutError past the local bound before
+        assert 0.5 < time.monotonic() - start_s < 0.5 + 2 * 0.6 + 0.5
+        assert service.remote is not None
+    finally:
+        service.close()
+        silent.close()
