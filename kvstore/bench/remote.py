@@ -153,7 +153,7 @@ class _Link:
 def _ttft(
     model: Path, url: str, num_tokens: int, repeats: int, workdir: Path, slow: _Link,
     hosted: bool,
-) -> tuple[dict[str, list[float]], dict[str, float]]:  # fmt: skip
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:  # fmt: skip
     prompt_bytes = num_tokens * BENCH_SPEC.kv_bytes_per_token
     chunks = (num_tokens - 1) // _BLOCK_TOKENS
     cpu_bytes = 2 * prompt_bytes + (8 << 20)
@@ -194,15 +194,28 @@ def _ttft(
         off2.ttft_s(synthetic_prompt(4, num_tokens))
         for k in range(4):  # prompts of its own: C measures its prefill and the link's latency
             c.ttft_s(synthetic_prompt(700 + k, num_tokens))
+        decisions = {"warm-up": _decisions_since(c, {})}
         for r, prompt in enumerate(prompts):  # paired with an engine without kvstore, now
             pair = [("recompute_beside_slow_link", off2), ("kvstore_remote_slow_link", c)]
+            before = _decisions_since(c, {})
             for name, engine in pair if r % 2 else pair[::-1]:
                 times[name].append(engine.ttft_s(prompt))
-        decisions = {
-            decision: c.metric("kvstore_load_decisions_total", tier="remote", decision=decision)
-            for decision in ("load", "recompute", "gave_up")
-        }
+            decisions[f"prompt {r + 1}"] = _decisions_since(c, before)
     return times, decisions
+
+
+def _decisions_since(engine: BenchEngine, before: dict[str, float]) -> dict[str, float]:
+    """Engine's remote `load_policy` decisions (load, recompute, gave_up) since `before`."""
+    return {
+        decision: engine.metric("kvstore_load_decisions_total", tier="remote", decision=decision)
+        - before.get(decision, 0.0)
+        for decision in ("load", "recompute", "gave_up")
+    }
+
+
+def _describe(decisions: dict[str, float]) -> str:
+    made = [f"{name} {count:.0f}" for name, count in decisions.items() if count]
+    return ", ".join(made) or "none"
 
 
 def _num_fillers(cpu_bytes: int, num_tokens: int) -> int:
@@ -293,15 +306,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     far = statistics.median(times["kvstore_remote_slow_link"]) / statistics.median(
         times["recompute_beside_slow_link"]
     )  # the baseline measured beside engine C, interleaved
-    loaded, recomputed, gave_up = (decisions[d] for d in ("load", "recompute", "gave_up"))
-    per_prompt = [kv / rc for kv, rc in zip(times["kvstore_remote_slow_link"],
-                                            times["recompute_beside_slow_link"], strict=True)]
+    per_prompt = [
+        kv / rc
+        for kv, rc in zip(
+            times["kvstore_remote_slow_link"], times["recompute_beside_slow_link"], strict=True
+        )
+    ]
     print(f"- Redis behind {args.slow_latency_ms:g} ms and {args.slow_mbps:g} MB/s: "
           f"{far:.2f}x the recompute of an engine without kvstore run beside it "
-          f"(target <= 1.1; per prompt, paired: "
-          f"{', '.join(f'{ratio:.2f}' for ratio in per_prompt)}); load_policy cost loaded "
-          f"{loaded:.0f}, recomputed {recomputed:.0f} and gave up on {gave_up:.0f} "
-          "lookups")  # fmt: skip
+          "(target <= 1.1); per prompt, paired, with the engine's remote load_policy "
+          "decisions during it:")  # fmt: skip
+    print(f"  - warm-up (4 prompts not in Redis): {_describe(decisions['warm-up'])}")
+    for r, ratio in enumerate(per_prompt):
+        print(f"  - prompt {r + 1}: {ratio:.2f}x ({_describe(decisions[f'prompt {r + 1}'])})")
     return 0
 
 
