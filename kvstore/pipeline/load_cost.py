@@ -15,9 +15,9 @@ scheduler round trip). The decision is all or nothing per lookup: the latency is
 the rest grows with `n` at a fixed rate, so if any prefix pays, the longest does.
 
 Until both sides are measured, or when a tier's figures are older than `stale_s` (a link that
-recovers; a tier never loaded from because it was slow is re-measured this way), loads go ahead
-(the load itself is the measurement), unless the fastest samples seen so far already put the
-load past the recompute (`floor_s`). Remote writes keep the remote tier's figures fresh while
+recovers), loads go ahead (the load itself is the measurement), unless the fastest samples seen
+so far already put the load past the recompute (`floor_s`). A remote link whose stale figures
+said it does not pay (`was_declined`) is measured again aside, with no requester waiting. Remote writes keep the remote tier's figures fresh while
 loads from it are declined; a reader that gave up on a probe fetches a few of the chunks it
 found anyway, in the background, to measure the link (`RemoteSteps`).
 
@@ -155,24 +155,12 @@ class LoadCostModel:
         """Expected time to compute `num_chunks` chunks' tokens, or `num_tokens` when given
         (a hybrid engine's entries are one KV cache group's share of a chunk: several stand
         for the same tokens) (None: not measured)."""
-        if not self._s_per_token.known(self._clock(), self.stale_s):
-            return None
-        tokens = num_chunks * self.tokens_per_chunk if num_tokens is None else num_tokens
-        return tokens * self._s_per_token.value
+        return self._recompute_s(num_chunks, num_tokens, self.stale_s)
 
     def load_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
         """Expected time to bring `num_chunks` chunks from `tier` into CPU rows (None: not
         measured). The disk's latency is in its time per byte (its reads are not split)."""
-        link = self._links[tier]
-        now = self._clock()
-        if not link.s_per_byte.known(now, self.stale_s):
-            return None
-        latency = 0.0
-        if tier is Tier.REMOTE:
-            if not link.latency_s.known(now, self.stale_s):
-                return None
-            latency = round_trips * link.latency_s.value
-        return latency + num_chunks * self.chunk_bytes * link.s_per_byte.value
+        return self._load_s(tier, num_chunks, round_trips, self.stale_s)
 
     def decide(
         self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
@@ -181,23 +169,64 @@ class LoadCostModel:
         True when either side is not measured (yet, or lately), unless the load's floor
         (`floor_s`, from the samples there are) already outlasts the recompute.
         `num_tokens`: the tokens the load saves computing, when not `num_chunks` chunks'."""
-        recompute = self.recompute_s(num_chunks, num_tokens=num_tokens)
-        if recompute is None:
-            return True
-        load = self.load_s(tier, num_chunks, round_trips=round_trips)
-        if load is None:
-            load = self.floor_s(tier, num_chunks, round_trips=round_trips)
-        return load is None or load <= self.margin * recompute
+        return self._decide(tier, num_chunks, round_trips, num_tokens, self.stale_s)
+
+    def was_declined(
+        self, tier: Tier, num_chunks: int, *, round_trips: int = 1, num_tokens: int | None = None
+    ) -> bool:
+        """Whether `decide` goes ahead only because `tier`'s figures went stale, while the
+        last of them, however old, said this load does not pay: the tier should be measured
+        again, but not by a requester that waits on it (`RemoteSteps` does it aside)."""
+        return self._decide(
+            tier, num_chunks, round_trips, num_tokens, self.stale_s
+        ) and not self._decide(tier, num_chunks, round_trips, num_tokens, math.inf)
 
     def floor_s(self, tier: Tier, num_chunks: int, *, round_trips: int = 1) -> float | None:
         """The least a load from `tier` can take, from what is measured so far, even one
         sample: its round trips at the fastest latency seen, plus its bytes at the fastest
         transfer seen (None: nothing measured). A link too slow by this alone is decided
         against before its figures are settled, so it is not explored request after request."""
+        return self._floor_s(tier, num_chunks, round_trips, self.stale_s)
+
+    def _recompute_s(self, num_chunks: int, num_tokens: int | None, stale_s: float) -> float | None:
+        if not self._s_per_token.known(self._clock(), stale_s):
+            return None
+        tokens = num_chunks * self.tokens_per_chunk if num_tokens is None else num_tokens
+        return tokens * self._s_per_token.value
+
+    def _load_s(
+        self, tier: Tier, num_chunks: int, round_trips: int, stale_s: float
+    ) -> float | None:
         link = self._links[tier]
         now = self._clock()
-        latency = link.latency_s.least(now, self.stale_s) if tier is Tier.REMOTE else None
-        s_per_byte = link.s_per_byte.least(now, self.stale_s)
+        if not link.s_per_byte.known(now, stale_s):
+            return None
+        latency = 0.0
+        if tier is Tier.REMOTE:
+            if not link.latency_s.known(now, stale_s):
+                return None
+            latency = round_trips * link.latency_s.value
+        return latency + num_chunks * self.chunk_bytes * link.s_per_byte.value
+
+    def _decide(
+        self, tier: Tier, num_chunks: int, round_trips: int, num_tokens: int | None,
+        stale_s: float,
+    ) -> bool:  # fmt: skip
+        recompute = self._recompute_s(num_chunks, num_tokens, stale_s)
+        if recompute is None:
+            return True
+        load = self._load_s(tier, num_chunks, round_trips, stale_s)
+        if load is None:
+            load = self._floor_s(tier, num_chunks, round_trips, stale_s)
+        return load is None or load <= self.margin * recompute
+
+    def _floor_s(
+        self, tier: Tier, num_chunks: int, round_trips: int, stale_s: float
+    ) -> float | None:
+        link = self._links[tier]
+        now = self._clock()
+        latency = link.latency_s.least(now, stale_s) if tier is Tier.REMOTE else None
+        s_per_byte = link.s_per_byte.least(now, stale_s)
         if latency is None and s_per_byte is None:
             return None
         return round_trips * (latency or 0.0) + num_chunks * self.chunk_bytes * (s_per_byte or 0.0)

@@ -12,7 +12,8 @@ link is not measured yet): it recomputes, and the fetch lands in CPU in the back
 the link is not measured, a fetch takes a few chunks first (`_SAMPLE_BYTES`) and the rest only
 once they land in time, so a slow link that is given up on carries no whole prompt beside the
 recompute; a requester that gave up before its probe answered still fetches those few, to
-measure the link for the next lookup.
+measure the link for the next lookup. When a link's figures go stale after they said it does
+not pay, it is measured again the same way aside, with no requester waiting on it.
 
 Chunks the engine stores are written to Redis from their pinned CPU rows (batched, bounded,
 droppable); each that lands is reported stored in the remote tier, and Redis's own removals
@@ -35,6 +36,9 @@ from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, Rem
 __all__ = ["RemoteLookup", "RemoteSteps", "RemoteTierIO"]
 
 logger = logging.getLogger(__name__)
+
+_REMEASURE = "kvstore:remeasure"
+"""The requester tag of a link measurement that no request waits on (`RemoteSteps._remeasure`)."""
 
 _SAMPLE_BYTES = 4 << 20
 """What a fetch moves at most while the link's speed is not known: the first part of a
@@ -125,7 +129,7 @@ class RemoteSteps:
         if not rest:
             return False
         if rest[0] not in state.found:
-            if not self._may_pay(len(rest), num_tokens):
+            if not self._may_pay(rest, num_tokens):
                 return False  # even if Redis held all of it, recomputing is faster
             self._start_clock(state, len(rest), round_trips=2, num_tokens=num_tokens)
             state.is_probing = True
@@ -181,16 +185,30 @@ class RemoteSteps:
         logger.debug("kvstore: a remote load ran past its budget; recomputed instead")
         return True
 
-    def _may_pay(self, num_chunks: int, num_tokens: int | None = None) -> bool:
-        """Before a probe: whether a probe and a fetch of all `num_chunks` could pay (a slow or
-        distant Redis is decided against before a request waits on it; counted when not)."""
+    def _may_pay(self, keys: Sequence[BlockKey], num_tokens: int | None = None) -> bool:
+        """Before a probe: whether a probe and a fetch of all `keys` could pay (a slow or
+        distant Redis is decided against before a request waits on it; counted when not).
+        A link whose figures went stale after they said it does not pay is measured again
+        aside (`_remeasure`), and the requester recomputes meanwhile."""
         cost = self._cost
-        if cost is None or cost.decide(
-            Tier.REMOTE, num_chunks, round_trips=2, num_tokens=num_tokens
-        ):
+        if cost is None:
+            return True
+        n = len(keys)
+        if cost.was_declined(Tier.REMOTE, n, round_trips=2, num_tokens=num_tokens):
+            self._remeasure(keys)
+        elif cost.decide(Tier.REMOTE, n, round_trips=2, num_tokens=num_tokens):
             return True
         cost.record(Tier.REMOTE, is_load=False)
         return False
+
+    def _remeasure(self, keys: Sequence[BlockKey]) -> None:
+        """Probe `keys` and fetch a few found (`_fetch_sample`) for no requester: the link's
+        figures become fresh again, and nobody waits on it. One at a time."""
+        if _REMEASURE in self._lookups:
+            return
+        self._lookups[_REMEASURE] = RemoteLookup(is_probing=True, has_given_up=True)
+        logger.debug("kvstore: measuring the remote link again (its figures went stale)")
+        self._io.submit_probe(list(keys), _REMEASURE)
 
     def _fetch(
         self, owner: str, state: RemoteLookup, local: Sequence[BlockKey], wanted: list[BlockKey]
@@ -253,6 +271,8 @@ class RemoteSteps:
             self._cost.observe_round_trip(Tier.REMOTE, done.duration_s)
         if state.has_given_up and self._cost.needs_transfer_sample(Tier.REMOTE):
             self._fetch_sample(str(done.tag), state, done.keys)
+        if done.tag == _REMEASURE and not state.fetching:
+            del self._lookups[_REMEASURE]  # nothing found to fetch: done
 
     def _fetch_sample(self, owner: str, state: RemoteLookup, keys: Sequence[BlockKey]) -> None:
         """The requester gave up while its probe was out, and the link's speed is not known:
@@ -287,6 +307,8 @@ class RemoteSteps:
             held = self._index.hold(done.ok)
             state.held.update(held)
             state.fetched.update(held)
+        if done.tag == _REMEASURE and not state.fetching:
+            del self._lookups[_REMEASURE]
 
     def finish_write(self, done: RemoteWriteDone) -> None:
         keys = [key for key in done.ok + done.failed if key in self._writing]

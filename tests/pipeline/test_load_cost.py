@@ -478,3 +478,35 @@ def test_an_unmeasured_link_is_fetched_a_sample_first_and_the_rest_once_it_lands
             assert reader.lookup("r1", ks(1, 2, 3, 4)) == (Tier.REMOTE,) * 3
             assert decisions == [(Tier.REMOTE, "load")]
         assert not cost.needs_transfer_sample(Tier.REMOTE)
+
+
+def test_a_link_declined_before_is_measured_again_aside_when_its_figures_go_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Figures older than `stale_s` that said the link does not pay: the requester does not
+    wait to explore it (it recomputes at once, counted), and the link is probed and sampled
+    aside, once, however many requesters ask meanwhile; then its figures are fresh again."""
+    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
+    teach(cost, s_per_token=0.001, remote_latency_s=0.05, remote_s_per_chunk=0.05)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()
+    assert reader.service.num_pending == 0 and decisions == [(Tier.REMOTE, "recompute")]
+
+    clock.now += cost.stale_s + 1  # every figure stale, the engine's prefill too
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    assert cost.needs_transfer_sample(Tier.REMOTE)
+    for owner in ("r2", "r3"):
+        answer = reader.pipeline.prepare_lookup(owner, ks(1, 2, 3, 4))
+        assert not answer.is_pending and answer.tiers == ()  # nobody waits
+    assert reader.service.num_pending == 1  # one probe, aside
+    assert decisions[1:] == [(Tier.REMOTE, "recompute")] * 2
+    reader.settle()  # the probe, then the sample fetch (the inline link: slow)
+    assert not cost.needs_transfer_sample(Tier.REMOTE)
+    assert reader.index.stats().num_holds == 0
+    assert not reader.pipeline.is_waiting
+    answer = reader.pipeline.prepare_lookup("r4", ks(5, 6, 7, 8))  # fresh figures: still slow
+    assert not answer.is_pending and reader.service.num_pending == 0
+    assert decisions[-1] == (Tier.REMOTE, "recompute")
