@@ -17,9 +17,10 @@ the rest grows with `n` at a fixed rate, so if any prefix pays, the longest does
 Until both sides are measured, or when a tier's figures are older than `stale_s` (a link that
 recovers), loads go ahead (the load itself is the measurement), unless the fastest samples seen
 so far already put the load past the recompute (`floor_s`). A remote link whose stale figures
-said it does not pay (`was_declined`) is measured again aside, with no requester waiting. Remote writes keep the remote tier's figures fresh while
-loads from it are declined; a reader that gave up on a probe fetches a few of the chunks it
-found anyway, in the background, to measure the link (`RemoteSteps`).
+said it does not pay (`was_declined`) is measured again aside, with no requester waiting.
+Remote writes keep the remote tier's figures fresh while loads from it are declined; a reader
+that gave up on a probe fetches a few of the chunks it found anyway, in the background, to
+measure the link (`RemoteSteps`).
 
 A load the requester waits on has a budget (`wait_budget_s`): twice its expected time, within
 [`EXPLORE_FRACTION`, `margin`] x the recompute. An unmeasured remote link gets the lower end (a
