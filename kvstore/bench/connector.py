@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.bench.engines import BENCH_SPEC, BenchEngine, bench_engine, synthetic_prompt
+from kvstore.bench.malloc import add_fixed_malloc_argument, apply_fixed_malloc, malloc_words
 from kvstore.bench.tiers import drop_page_cache
 from kvstore.tiny_model import build_tiny_llama
 
@@ -236,7 +237,7 @@ def report(sizes: Sequence[SizeResult]) -> str:
             f"prompt {size.num_tokens} tokens, {mib:.0f} MiB of KV, {size.layout} layout, "
             f"{len(size.times['recompute'])} interleaved repeats, {os.cpu_count()} cores, "
             f"VLLM_CPU_NUM_OF_RESERVED_CPU={os.environ.get('VLLM_CPU_NUM_OF_RESERVED_CPU')} "
-            "for both engines",
+            f"for both engines, {malloc_words(os.environ)}",
             "",
             "| path | TTFT median s | min-max s | vs recompute | vs floor |",
             "|---|--:|--:|--:|--:|",
@@ -330,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hybrid", action="store_true",
                         help="then the hybrid-model rows (`kvstore bench hybrid`, the first size, "
                         "in-process)")  # fmt: skip
+    add_fixed_malloc_argument(parser)
     args = parser.parse_args(argv)
     layouts = ["multiproc"] if args.check else args.layouts
     tokens = [2048] if args.check else args.tokens
@@ -340,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "large first in --tokens, or pass --no-throughput")  # fmt: skip
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # for the engines this run starts
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.reserved_cpus)
+    apply_fixed_malloc(args.fixed_malloc, os.environ)  # for the engines this run starts
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-") as tmp:
         workdir = Path(tmp)
         model = build_tiny_llama(workdir / "model", BENCH_SPEC)

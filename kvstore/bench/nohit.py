@@ -36,6 +36,7 @@ from typing import Any
 
 from kvstore.bench.child import JsonLineChild
 from kvstore.bench.engines import BENCH_SPEC
+from kvstore.bench.malloc import add_fixed_malloc_argument, apply_fixed_malloc, malloc_words
 from kvstore.bench.nohit_engine import VARIANTS
 from kvstore.tiny_model import build_tiny_llama
 
@@ -111,7 +112,8 @@ def report(args: argparse.Namespace, results: dict[str, dict[tuple[str, str], Ce
     lines = [
         f"no-hit batches: {args.prompts} unique prompts of {args.tokens} tokens; prefill = 1 "
         f"output token, decode = {args.decode_tokens}; {os.cpu_count()} cores, "
-        f"VLLM_CPU_NUM_OF_RESERVED_CPU={args.reserved_cpus} for every engine; medians of "
+        f"VLLM_CPU_NUM_OF_RESERVED_CPU={args.reserved_cpus} for every engine, "
+        f"{malloc_words(os.environ)}; medians of "
         f"{args.repeats}, interleaved. throughput = {BASELINE} seconds / variant seconds.",
         "",
         "| layout | batch | variant | seconds (min-max) | throughput | engine CPU s "
@@ -161,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reserved-cpus", type=int, default=1)
     parser.add_argument("--check", action="store_true", help=f"exit 1 below {CHECK_RATIO}x")
     parser.add_argument("--json", type=Path, help="write every measurement as JSON")
+    add_fixed_malloc_argument(parser)
     return parser
 
 
@@ -169,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         args.variants = list(dict.fromkeys([BASELINE, "kvstore", *args.variants]))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    apply_fixed_malloc(args.fixed_malloc, os.environ)  # for the engine processes
     with tempfile.TemporaryDirectory(prefix="kvstore-nohit-") as tmp:
         workdir = Path(tmp)
         model = build_tiny_llama(workdir / "model", BENCH_SPEC)

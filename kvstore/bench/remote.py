@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore.bench.engines import BENCH_SPEC, BenchEngine, bench_engine, free_port, synthetic_prompt
+from kvstore.bench.malloc import add_fixed_malloc_argument, apply_fixed_malloc
 from kvstore.bench.slow_link import SlowLink
 from kvstore.keys import BlockKey
 from kvstore.namespace import NamespaceDescriptor
@@ -270,8 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layout", choices=["multiproc", "inproc"], default="multiproc")
     parser.add_argument("--reserved-cpus", type=int, default=1,
                         help="VLLM_CPU_NUM_OF_RESERVED_CPU of every engine")  # fmt: skip
+    add_fixed_malloc_argument(parser)
     args = parser.parse_args(argv)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.reserved_cpus)
+    malloc = apply_fixed_malloc(args.fixed_malloc, os.environ)
     value_bytes = _BLOCK_TOKENS * BENCH_SPEC.kv_bytes_per_token
     num_values = (args.tokens - 1) // _BLOCK_TOKENS
     with _redis(args.url) as url:
@@ -293,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = statistics.median(times["recompute"])
     print(f"\nprompt {args.tokens} tokens, {args.repeats} interleaved repeats, {args.layout} "
           f"layout, {os.cpu_count()} cores, VLLM_CPU_NUM_OF_RESERVED_CPU={args.reserved_cpus} "
-          "for every engine")  # fmt: skip
+          f"for every engine, {malloc}")  # fmt: skip
     print("| path | TTFT median s | min-max s | vs recompute |\n|---|--:|--:|--:|")
     for name, values in times.items():
         print(_median_row(name, values, base))
