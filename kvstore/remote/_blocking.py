@@ -17,6 +17,11 @@ connection, 14.0-14.3 ms on two, 14.8-15.0 ms on three). Each node's call runs u
 store's deadline and that node's breaker (`NodeHealth`), and its stats are one round trip per
 pipeline, as on the asyncio path; a thread that outlives the deadline stops before its next
 pipeline, and its socket timeout bounds the one in flight.
+
+The pipelines go out on kvstore's own RESP connections (`kvstore.remote._resp`), kept idle per
+node between reads (one the server closed meanwhile is replaced before use): each value lands
+in a buffer the thread reuses and is consumed from there before the next arrives, instead of
+becoming a new bytes object first. TLS endpoints read on redis-py's blocking client as before.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from kvstore.remote._backends import (
     split_by_bytes,
 )
 from kvstore.remote._health import NodeHealth, node_failure
+from kvstore.remote._resp import RespConnection
 from kvstore.remote.config import RemoteConfig
 
 __all__ = ["BLOCKING_MIN_BYTES", "READ_PIPELINE_BYTES", "BlockingReads", "Consume", "RoundTrip"]
@@ -49,8 +55,9 @@ __all__ = ["BLOCKING_MIN_BYTES", "READ_PIPELINE_BYTES", "BlockingReads", "Consum
 BLOCKING_MIN_BYTES = 64 << 10
 """Values at least this large are read on blocking sockets (KV chunks are hundreds of KiB)."""
 
-Consume = Callable[[int, bytes], Any]
-"""What a read does with each value it finds: (its index in the keys, the value) -> result."""
+Consume = Callable[[int, bytes | memoryview], Any]
+"""What a read does with each value it finds: (its index in the keys, the value) -> result. A
+memoryview is only valid during the call (its buffer takes the next value)."""
 
 _MAX_THREADS = 4  # reads at once; more queue
 
@@ -73,7 +80,10 @@ class BlockingReads:
     def __init__(self, config: RemoteConfig, health: NodeHealth) -> None:
         self._config = config
         self._health = health
-        self._clients: dict[str, redis.Redis] = {}
+        self._clients: dict[str, redis.Redis] = {}  # TLS endpoints: redis-py's blocking client
+        self._idle: dict[str, list[RespConnection]] = {}
+        self._conns: set[RespConnection] = set()  # every open one, idle or reading
+        self._scratch = threading.local()  # each worker thread's value buffer
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="kvstore-redis-r")
         self._is_closed = False
@@ -185,13 +195,52 @@ class BlockingReads:
         gate: _Gate,
         offset: int,
     ) -> tuple[list[Any], list[RoundTrip]]:
-        client = self._client(node)
         results: list[Any] = []
         trips: list[RoundTrip] = []
         limit = min(self._config.pipeline_bytes, READ_PIPELINE_BYTES)
         sizes = [value_bytes] * len(keys)
-        for part in split_by_bytes(list(range(len(keys))), sizes, limit):
-            if time.monotonic() >= deadline:  # the caller gave up on us
+        parts = split_by_bytes(list(range(len(keys))), sizes, limit)
+        if self._config.endpoint.tls:
+            return self._get_tls(node, keys, parts, deadline, gate, offset)
+        conn = self._connection(node)
+        is_done = False
+        try:
+            scratch = self._scratch_for(value_bytes)
+            for part in parts:
+                if time.monotonic() >= deadline:  # the caller gave up on us
+                    raise TimeoutError("remote read past its deadline")
+                started = time.perf_counter()
+                num_bytes = 0
+                replies = conn.get_many([keys[index] for index in part], scratch)
+                for index, reply in zip(part, replies, strict=True):
+                    if isinstance(reply, memoryview):  # consumed before the next one lands
+                        num_bytes += reply.nbytes
+                        results.append(gate.consume(offset + index, reply))
+                    else:
+                        results.append(reply)
+                trips.append(RoundTrip(len(part), num_bytes, time.perf_counter() - started))
+            is_done = True
+        finally:
+            if not is_done:  # replies may be left unread: the stream is out of step
+                conn.is_broken = True
+            self._give_back(node, conn)
+        return results, trips
+
+    def _get_tls(
+        self,
+        node: NodeAddress,
+        keys: list[bytes],
+        parts: Sequence[Sequence[int]],
+        deadline: float,
+        gate: _Gate,
+        offset: int,
+    ) -> tuple[list[Any], list[RoundTrip]]:
+        """`_get` on redis-py's blocking client (TLS, which `RespConnection` does not speak)."""
+        client = self._client(node)
+        results: list[Any] = []
+        trips: list[RoundTrip] = []
+        for part in parts:
+            if time.monotonic() >= deadline:
                 raise TimeoutError("remote read past its deadline")
             started = time.perf_counter()
             with client.pipeline(transaction=False) as pipe:
@@ -204,6 +253,52 @@ class BlockingReads:
                 is_value = isinstance(value, bytes)
                 results.append(gate.consume(offset + index, value) if is_value else value)
         return results, trips
+
+    def _scratch_for(self, value_bytes: int) -> bytearray:
+        """This thread's buffer for one value (reused: no fresh pages per value)."""
+        scratch: bytearray | None = getattr(self._scratch, "buffer", None)
+        if scratch is None or len(scratch) < value_bytes:
+            scratch = self._scratch.buffer = bytearray(value_bytes)
+        return scratch
+
+    def _connection(self, node: NodeAddress) -> RespConnection:
+        with self._lock:
+            if self._is_closed:
+                raise RuntimeError("the remote store is closed")
+            idle = self._idle.get(node.name, [])
+            stale = []
+            conn = None
+            while idle and conn is None:
+                conn = idle.pop()
+                if conn.is_stale():
+                    stale.append(conn)
+                    self._conns.discard(conn)
+                    conn = None
+        for dead in stale:
+            dead.close()
+        if conn is not None:
+            return conn
+        config = self._config
+        conn = RespConnection.open(
+            host=node.host, port=node.port, unix_path=node.unix_path, timeout_s=config.timeout_s,
+            username=config.endpoint.username, password=config.password(),
+            db=config.endpoint.db,
+        )  # fmt: skip
+        with self._lock:
+            if not self._is_closed:
+                self._conns.add(conn)
+                return conn
+        conn.close()
+        raise RuntimeError("the remote store is closed")
+
+    def _give_back(self, node: NodeAddress, conn: RespConnection) -> None:
+        """An idle connection again, or closed when a read broke it (or the reads closed)."""
+        with self._lock:
+            if not conn.is_broken and not self._is_closed:
+                self._idle.setdefault(node.name, []).append(conn)
+                return
+            self._conns.discard(conn)
+        conn.close()
 
     def _client(self, node: NodeAddress) -> redis.Redis:
         with self._lock:
@@ -219,13 +314,17 @@ class BlockingReads:
         with self._lock:
             self._is_closed = True
             clients, self._clients = list(self._clients.values()), {}
+            conns, self._conns, self._idle = list(self._conns), set(), {}
         self._pool.shutdown(wait=False, cancel_futures=True)
         for client in clients:
             client.close()
+        for conn in conns:  # a read blocked on one wakes and fails
+            conn.close()
 
 
 class RoundTrip(NamedTuple):
-    """One pipeline: keys asked, value bytes answered, seconds from send to last reply."""
+    """One pipeline: keys asked, value bytes answered, seconds from send to last reply (each
+    value consumed as it arrived, before the next)."""
 
     num_keys: int
     num_bytes: int
@@ -241,9 +340,9 @@ class _Gate:
         self._lock = threading.Lock()
         self._is_open = True
 
-    def consume(self, index: int, value: bytes) -> Any:
+    def consume(self, index: int, value: bytes | memoryview) -> Any:
         if self._consume is None:
-            return value
+            return bytes(value)  # a view's buffer takes the next value
         with self._lock:
             return self._consume(index, value) if self._is_open else None
 

@@ -109,7 +109,8 @@ class RemoteChunks:
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
         namespace_id = self.namespace_id
 
-        def decode(index: int, value: bytes) -> RemoteValueError | bool:  # maybe a worker thread
+        # Runs on a worker thread; `value` may be a view of a buffer reused for the next value.
+        def decode(index: int, value: bytes | memoryview) -> RemoteValueError | bool:
             try:
                 codec.decode_into(namespace_id, keys[index], value, outs[index])
             except RemoteValueError as exc:

@@ -55,8 +55,8 @@ __all__ = ["RemoteStore"]
 logger = logging.getLogger(__name__)
 
 
-def _keep(index: int, value: bytes) -> bytes:
-    return value
+def _keep(index: int, value: bytes | memoryview) -> bytes:
+    return bytes(value)  # a view's buffer takes the next value
 
 
 class RemoteStore:
