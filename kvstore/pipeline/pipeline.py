@@ -33,12 +33,12 @@ from kvstore.pipeline.waits import LookupWaits
 from kvstore.service import (
     PromotionDone,
     RemoteFetchDone,
+    RemoteMeasureDone,
     RemoteProbeDone,
-    RemoteRemoved,
     RemoteWriteDone,
     WriteDone,
 )
-from kvstore.service.completions import Completion
+from kvstore.service.completions import Completion, RemoteCompletion
 
 __all__ = ["LookupAnswer", "PipelineObserver", "PipelineService", "TierPipeline"]
 
@@ -366,9 +366,7 @@ class TierPipeline:
                 self._finish_remote(done)
         self._pump_events()
 
-    def _finish_remote(
-        self, done: RemoteProbeDone | RemoteFetchDone | RemoteWriteDone | RemoteRemoved
-    ) -> None:
+    def _finish_remote(self, done: RemoteCompletion) -> None:
         remote = self._remote
         if remote is None:
             return
@@ -377,6 +375,8 @@ class TierPipeline:
         elif isinstance(done, RemoteFetchDone):
             remote.finish_fetch(done)
             self._write_through()  # the local disk keeps a copy of what Redis served
+        elif isinstance(done, RemoteMeasureDone):
+            remote.finish_measure(done)
         elif isinstance(done, RemoteWriteDone):
             remote.finish_write(done)
         else:

@@ -31,7 +31,13 @@ from kvstore.index import TierIndex
 from kvstore.index.event_log import EventLog
 from kvstore.keys import BlockKey, Tier
 from kvstore.pipeline.load_cost import LoadCostModel
-from kvstore.service import RemoteFetchDone, RemoteProbeDone, RemoteRemoved, RemoteWriteDone
+from kvstore.service import (
+    RemoteFetchDone,
+    RemoteMeasureDone,
+    RemoteProbeDone,
+    RemoteRemoved,
+    RemoteWriteDone,
+)
 
 __all__ = ["RemoteLookup", "RemoteSteps", "RemoteTierIO"]
 
@@ -52,7 +58,7 @@ class RemoteTierIO(Protocol):
     """The remote tier's I/O the pipeline asks for (`kvstore.service.remote_io.RemoteIO` on the
     tier service's loop, `kvstore.service.inline_remote.InlineRemoteIO` on the caller's thread).
     Each answers through the service's completions: `RemoteProbeDone`, `RemoteFetchDone`,
-    `RemoteWriteDone`, and `RemoteRemoved` for the tier's own removals."""
+    `RemoteMeasureDone`, `RemoteWriteDone`, and `RemoteRemoved` for the tier's own removals."""
 
     def submit_probe(self, keys: Sequence[BlockKey], tag: object) -> None:
         """Which of `keys` the tier holds (not an access to them)."""
@@ -60,6 +66,10 @@ class RemoteTierIO(Protocol):
 
     def submit_fetch(self, items: Sequence[tuple[BlockKey, int]], tag: object) -> None:
         """Copy each chunk into its CPU row (pinned by the caller until the answer)."""
+        ...
+
+    def submit_measure(self, keys: Sequence[BlockKey], tag: object) -> None:
+        """Read the chunks and drop them: the link's speed (`RemoteMeasureDone`)."""
         ...
 
     def submit_write(self, items: Sequence[tuple[BlockKey, int]]) -> bool:
@@ -82,6 +92,7 @@ class RemoteLookup:
     fetched: set[BlockKey] = field(default_factory=set)
     deadline_s: float | None = None  # when the requester stops waiting (cost model's clock)
     has_given_up: bool = False  # waited past the deadline: no more remote for this requester
+    is_measuring: bool = False  # a read that only measures the link is out (`_fetch_sample`)
 
     @property
     def is_pending(self) -> bool:
@@ -260,19 +271,33 @@ class RemoteSteps:
     # -- completions ------------------------------------------------------------------------
 
     def finish_probe(self, done: RemoteProbeDone) -> None:
-        state = self._lookups.get(str(done.tag))
-        if state is None:
-            return
+        """The probe's answer: what it found, for its requester; its round trip, and where the
+        link's speed is not known a few of the chunks found (`_fetch_sample`), for the next
+        lookup, also when the requester gave up and even finished meanwhile (a request that
+        recomputes in one step is gone before its probe's answer is applied: without this, a
+        link whose round trip outlasts the exploring budget would be explored by every
+        request and measured by none)."""
+        cost = self._cost
+        if cost is not None and done.answered:  # not a timeout's or a breaker's
+            cost.observe_round_trip(Tier.REMOTE, done.duration_s)
+        tag = str(done.tag)
+        state = self._lookups.get(tag)
+        if state is None:  # its requester is gone
+            if (
+                cost is None
+                or _REMEASURE in self._lookups
+                or not cost.needs_transfer_sample(Tier.REMOTE)
+            ):
+                return
+            tag, state = _REMEASURE, RemoteLookup(is_probing=True, has_given_up=True)
+            self._lookups[_REMEASURE] = state
         state.is_probing = False
         state.found.update(zip(done.keys, done.found, strict=True))
-        if self._cost is None:
+        if cost is None:
             return
-        if done.answered:  # not a timeout's or a breaker's
-            self._cost.observe_round_trip(Tier.REMOTE, done.duration_s)
-        if state.has_given_up and self._cost.needs_transfer_sample(Tier.REMOTE):
-            self._fetch_sample(str(done.tag), state, done.keys)
-        if done.tag == _REMEASURE and not state.fetching:
-            del self._lookups[_REMEASURE]  # nothing found to fetch: done
+        if state.has_given_up and cost.needs_transfer_sample(Tier.REMOTE):
+            self._fetch_sample(tag, state, done.keys)
+        self._end_remeasure(tag, state)  # nothing found to fetch: done
 
     def _fetch_sample(self, owner: str, state: RemoteLookup, keys: Sequence[BlockKey]) -> None:
         """The requester gave up while its probe was out, and the link's speed is not known:
@@ -283,9 +308,28 @@ class RemoteSteps:
         assert self._cost is not None
         num_sample = max(1, _SAMPLE_BYTES // self._cost.chunk_bytes)
         found = keys[: min(_leading_found(keys, state.found), num_sample)]
-        if found:
-            logger.debug("kvstore: fetching %d remote chunk(s) to measure the link", len(found))
-            self._fetch(owner, state, [], list(found))
+        if not found:
+            return
+        logger.debug("kvstore: fetching %d remote chunk(s) to measure the link", len(found))
+        if not self._fetch(owner, state, [], list(found)):
+            # In CPU already (the requester recomputed and stored them before the probe's
+            # answer was applied) or no rows: read them only to measure the link.
+            state.is_measuring = True
+            self._io.submit_measure(list(found), owner)
+
+    def finish_measure(self, done: RemoteMeasureDone) -> None:
+        if self._cost is not None and done.num_bytes:
+            self._cost.observe_transfer(Tier.REMOTE, done.num_bytes, done.duration_s)
+        state = self._lookups.get(str(done.tag))
+        if state is None:
+            return
+        state.is_measuring = False
+        self._end_remeasure(str(done.tag), state)
+
+    def _end_remeasure(self, tag: str, state: RemoteLookup) -> None:
+        """The measurement aside is done once nothing of it is out any more."""
+        if tag == _REMEASURE and not state.fetching and not state.is_measuring:
+            del self._lookups[_REMEASURE]
 
     def finish_fetch(self, done: RemoteFetchDone) -> None:
         """Verified chunks become ready in CPU (and go to the local disk by write-through);
@@ -307,8 +351,7 @@ class RemoteSteps:
             held = self._index.hold(done.ok)
             state.held.update(held)
             state.fetched.update(held)
-        if done.tag == _REMEASURE and not state.fetching:
-            del self._lookups[_REMEASURE]
+        self._end_remeasure(str(done.tag), state)
 
     def finish_write(self, done: RemoteWriteDone) -> None:
         keys = [key for key in done.ok + done.failed if key in self._writing]

@@ -129,6 +129,14 @@ class RemoteChunks:
         await self._delete_rejected(rejected)
         return loaded
 
+    async def measure(self, keys: Sequence[BlockKey]) -> int:
+        """Read the chunks' values and drop them, unverified (a measurement of the link, for
+        chunks that need no row); returns the bytes read (0 for misses and unavailable nodes)."""
+        sizes = await self.store.read_many(
+            [self.redis_key(k) for k in keys], value_bytes=self._value_bytes(), consume=_size
+        )
+        return sum(size for size in sizes if isinstance(size, int))
+
     def _value_bytes(self) -> int | None:
         if self.descriptor is None:
             return None
@@ -205,3 +213,7 @@ class RemoteChunks:
             logger.debug("remote descriptor not written: %s", exc)
             return
         self._descriptor_due = self._clock() + DESCRIPTOR_REFRESH_S
+
+
+def _size(index: int, value: bytes | memoryview) -> int:
+    return len(value)

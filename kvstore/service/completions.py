@@ -15,6 +15,7 @@ __all__ = [
     "PromotionDone",
     "RemoteCompletion",
     "RemoteFetchDone",
+    "RemoteMeasureDone",
     "RemoteProbeDone",
     "RemoteRemoved",
     "RemoteWriteDone",
@@ -73,6 +74,16 @@ class RemoteFetchDone:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteMeasureDone:
+    """A read that only measured the link: `num_bytes` of values read (and dropped) in
+    `duration_s`; 0 bytes when nothing could be read."""
+
+    num_bytes: int = 0
+    duration_s: float = 0.0
+    tag: object = None
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteWriteDone:
     """CPU row -> remote writes: `ok` landed (report them stored), `failed` did not.
     `num_bytes` (of the `ok` rows) and `duration_s` describe the write."""
@@ -90,6 +101,8 @@ class RemoteRemoved:
     keys: tuple[BlockKey, ...]
 
 
-RemoteCompletion = RemoteProbeDone | RemoteFetchDone | RemoteWriteDone | RemoteRemoved
+RemoteCompletion = (
+    RemoteProbeDone | RemoteFetchDone | RemoteMeasureDone | RemoteWriteDone | RemoteRemoved
+)
 
 Completion = WriteDone | PromotionDone | RemoteCompletion

@@ -26,6 +26,7 @@ from kvstore.policies import LRUPolicy
 from kvstore.service.completions import (
     Completion,
     RemoteFetchDone,
+    RemoteMeasureDone,
     RemoteProbeDone,
     RemoteRemoved,
     RemoteWriteDone,
@@ -101,6 +102,10 @@ class InlineRemoteIO:
         items = list(items)
         self._submit(lambda: [self._fetch(items, tag)])
 
+    def submit_measure(self, keys: Sequence[BlockKey], tag: object) -> None:
+        keys = tuple(keys)
+        self._submit(lambda: [self._measure(keys, tag)])
+
     def submit_write(self, items: Sequence[tuple[BlockKey, int]]) -> bool:
         items = list(items)
         return self._submit(lambda: self._write(items))
@@ -131,6 +136,12 @@ class InlineRemoteIO:
             tuple(ok), tuple(failed), tag, num_bytes=num_bytes,
             duration_s=time.monotonic() - start_s,
         )  # fmt: skip
+
+    def _measure(self, keys: tuple[BlockKey, ...], tag: object) -> RemoteMeasureDone:
+        start_s = time.monotonic()
+        values = [self._tier.get(key) for key in keys]
+        num_bytes = sum(len(value) for value in values if value is not None)
+        return RemoteMeasureDone(num_bytes, time.monotonic() - start_s, tag)
 
     def _write(self, items: list[tuple[BlockKey, int]]) -> list[Completion]:
         evicted = self._tier.set_many([(key, bytes(self._rows.row(row))) for key, row in items])

@@ -24,6 +24,7 @@ from kvstore.remote import RemoteChunks, RemovalWatcher
 from kvstore.service.completions import (
     RemoteCompletion,
     RemoteFetchDone,
+    RemoteMeasureDone,
     RemoteProbeDone,
     RemoteRemoved,
     RemoteWriteDone,
@@ -109,6 +110,11 @@ class RemoteIO:
         keys = tuple(key for key, _ in items)
         self._run(self._fetch(list(items), tag), RemoteFetchDone((), keys, tag))
 
+    def submit_measure(self, keys: Sequence[BlockKey], tag: object) -> None:
+        """Read the chunks and drop them: a measurement of the link (`RemoteMeasureDone`)."""
+        keys = tuple(keys)
+        self._run(self._measure(keys, tag), RemoteMeasureDone(tag=tag))
+
     def submit_write(self, items: Sequence[tuple[BlockKey, int]]) -> bool:
         """Queue a write-through batch from pinned CPU rows; False = dropped (queue full or
         closing): the caller unpins them."""
@@ -178,6 +184,11 @@ class RemoteIO:
         num_bytes = self._bytes(items, len(ok))
         duration_s = self._observe(Direction.REMOTE_TO_CPU, num_bytes, start_s, not failed)
         self._post(RemoteFetchDone(ok, failed, tag, num_bytes, duration_s))
+
+    async def _measure(self, keys: tuple[BlockKey, ...], tag: object) -> None:
+        start_s = time.perf_counter()
+        num_bytes = await self._chunks.measure(keys)
+        self._post(RemoteMeasureDone(num_bytes, time.perf_counter() - start_s, tag))
 
     async def _write(self, items: list[tuple[BlockKey, int]]) -> None:
         start_s = time.perf_counter()

@@ -380,6 +380,67 @@ def test_a_reader_that_gave_up_on_its_probe_fetches_a_few_chunks_to_measure_the_
     assert decisions[-1] == (Tier.REMOTE, "recompute")
 
 
+def test_a_probe_answered_after_its_requester_finished_still_measures_the_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The requester gave up while its probe was out and finished (a recompute in one step)
+    before the answer was applied: the answer still counts as the link's round trip and
+    starts the measuring fetch, held by nobody; the next lookup decides on the measurement
+    instead of exploring the link again."""
+    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
+    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
+    reader.pipeline.forget("r1")  # recomputed and finished
+    assert reader.service.run_pending()  # the probe answers (late)
+    reader.pipeline.poll()
+    assert reader.service.num_pending == 1  # the measuring fetch
+    reader.settle()
+    assert not cost.needs_transfer_sample(Tier.REMOTE)
+    assert reader.index.stats().num_holds == 0  # held by nobody
+    answer = reader.pipeline.prepare_lookup("r2", ks(1, 2, 3, 4))
+    assert not answer.is_pending and answer.tiers == (Tier.CPU,) * 2  # the sample, in CPU
+    assert reader.service.num_pending == 0  # the slow link is not probed again
+    assert decisions == [(Tier.REMOTE, "gave_up"), (Tier.REMOTE, "recompute")]
+
+
+def test_a_link_is_measured_by_a_read_when_the_requester_already_stored_what_it_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but the requester's recompute stored the chunks in CPU before the probe's
+    answer was applied (one engine step): there is nothing to fetch into rows, so a few of
+    them are read only to measure the link; the next lookup of another prefix held by that
+    slow link is decided on the measurement, without a probe."""
+    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(ks(1, 2, 3, 5, 6, 7)), cost=cost)
+    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
+    reader.store_chunks(ks(1, 2, 3, 4))  # its recompute, stored
+    reader.pipeline.forget("r1")
+    assert reader.service.run_pending()  # the probe answers (late)
+    reader.pipeline.poll()
+    assert reader.service.num_pending == 1  # the measuring read
+    reader.settle()
+    assert not cost.needs_transfer_sample(Tier.REMOTE)
+    assert reader.index.stats().num_holds == 0
+    answer = reader.pipeline.prepare_lookup("r2", ks(5, 6, 7, 8))
+    assert not answer.is_pending and answer.tiers == ()
+    assert reader.service.num_pending == 0  # the slow link is not probed again
+    assert decisions == [(Tier.REMOTE, "gave_up"), (Tier.REMOTE, "recompute")]
+
+
 def test_a_fetch_past_its_budget_is_recomputed_and_lands_in_cpu_for_the_next() -> None:
     clock = Clock()
     cost, decisions = model(clock)

@@ -110,3 +110,16 @@ async def test_connections_are_reused_and_one_closed_while_idle_is_replaced(
         assert await chunks.load_into([key(i) for i in range(24)], outs) == [True] * 24
         assert all(out == payload(i, ROW) for i, out in enumerate(outs))
         assert store.stats.num_round_trips["get"] > 0
+
+
+async def test_measure_reads_values_without_a_row_and_counts_their_bytes(
+    server: RedisServer,
+) -> None:
+    """`RemoteChunks.measure` (a link measurement for chunks that need no row): the bytes of
+    the values found, misses counting nothing; nothing is written or deleted."""
+    async with RemoteStore(make_config(server.url)) as store:
+        chunks = await _store_and_load(store, 4)
+        num_bytes = await chunks.measure([key(0), key(77), key(2)])
+        assert num_bytes == 2 * (codec.HEADER.size + ROW)
+        assert await chunks.lookup([key(0), key(2)]) == [True, True]
+        assert await chunks.measure([key(78)]) == 0
