@@ -1,7 +1,7 @@
 """The remote tier against its baselines, in one run.
 
     kvstore bench remote [--url redis://127.0.0.1:6379/0] [--tokens 2048] [--repeats 5]
-                         [--layout multiproc|inproc] [--reserved-cpus 1]
+                         [--layout multiproc|inproc] [--reserved-cpus 1] [--fixed-malloc]
 
 1. Reads: `RemoteChunks.load_into` (pipelined per node, header and xxh64 verified, copied into
    row buffers) vs raw redis-py GETs of the same values, one after another, from Python.
