@@ -14,7 +14,7 @@ from kvstore.service.completions import Completion
 from kvstore.service.inline_remote import SharedRemote
 
 from .test_pipeline_ops import CHUNK_BYTES, TOKENS, Rig, evict_from_cpu, ks, make_rig
-from .test_pipeline_remote import make_engine
+from .test_pipeline_remote import Engine, make_engine
 
 
 class Clock:
@@ -346,6 +346,33 @@ class SlowLinkTime:
         return self.now_s
 
 
+def _gave_up_on_its_probe(
+    monkeypatch: pytest.MonkeyPatch, remote_keys: list[BlockKey]
+) -> tuple[Engine, LoadCostModel, list[tuple[Tier, str]]]:
+    """A reader of a slow link (each remote call takes a second; the sample is 2 chunks) whose
+    requester "r1" asked for ks(1, 2, 3, 4) and gave up while its probe was out."""
+    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
+    clock = Clock()
+    cost, decisions = model(clock)
+    reader = make_engine(_stored_remotely(remote_keys), cost=cost)
+    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
+    for _ in range(3):
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
+    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
+    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
+    return reader, cost, decisions
+
+
+def _the_late_answer_measures_the_link(reader: Engine, cost: LoadCostModel) -> None:
+    assert reader.service.run_pending()  # the probe answers (late)
+    reader.pipeline.poll()
+    assert reader.service.num_pending == 1  # the measuring fetch (or read)
+    reader.settle()
+    assert not cost.needs_transfer_sample(Tier.REMOTE)
+    assert reader.index.stats().num_holds == 0  # held by nobody
+
+
 def test_a_reader_that_gave_up_on_its_probe_fetches_a_few_chunks_to_measure_the_link(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -353,22 +380,8 @@ def test_a_reader_that_gave_up_on_its_probe_fetches_a_few_chunks_to_measure_the_
     the probe is out. The probe's late answer starts a small fetch (not the whole prefix),
     held by nobody, that measures the link; the next lookup decides on the measurement, and a
     link too slow by it is not even probed again."""
-    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
-    clock = Clock()
-    cost, decisions = model(clock)
-    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
-    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
-    for _ in range(3):
-        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
-    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
-    assert reader.service.run_pending()  # the probe answers (late)
-    reader.pipeline.poll()
-    assert reader.service.num_pending == 1  # the measuring fetch
-    reader.settle()
-    assert not cost.needs_transfer_sample(Tier.REMOTE)
-    assert reader.index.stats().num_holds == 0  # held by nobody
+    reader, cost, decisions = _gave_up_on_its_probe(monkeypatch, ks(1, 2, 3))
+    _the_late_answer_measures_the_link(reader, cost)
     assert reader.lookup("r2", ks(1, 2)) == (Tier.CPU,) * 2  # 2 chunks landed in CPU, not 3
     assert decisions == [(Tier.REMOTE, "gave_up")]
     # the link's one measured sample is too slow for this engine's prefill: the next lookup
@@ -387,23 +400,9 @@ def test_a_probe_answered_after_its_requester_finished_still_measures_the_link(
     before the answer was applied: the answer still counts as the link's round trip and
     starts the measuring fetch, held by nobody; the next lookup decides on the measurement
     instead of exploring the link again."""
-    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
-    clock = Clock()
-    cost, decisions = model(clock)
-    reader = make_engine(_stored_remotely(ks(1, 2, 3)), cost=cost)
-    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
-    for _ in range(3):
-        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
-    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
+    reader, cost, decisions = _gave_up_on_its_probe(monkeypatch, ks(1, 2, 3))
     reader.pipeline.forget("r1")  # recomputed and finished
-    assert reader.service.run_pending()  # the probe answers (late)
-    reader.pipeline.poll()
-    assert reader.service.num_pending == 1  # the measuring fetch
-    reader.settle()
-    assert not cost.needs_transfer_sample(Tier.REMOTE)
-    assert reader.index.stats().num_holds == 0  # held by nobody
+    _the_late_answer_measures_the_link(reader, cost)
     answer = reader.pipeline.prepare_lookup("r2", ks(1, 2, 3, 4))
     assert not answer.is_pending and answer.tiers == (Tier.CPU,) * 2  # the sample, in CPU
     assert reader.service.num_pending == 0  # the slow link is not probed again
@@ -417,24 +416,10 @@ def test_a_link_is_measured_by_a_read_when_the_requester_already_stored_what_it_
     answer was applied (one engine step): there is nothing to fetch into rows, so a few of
     them are read only to measure the link; the next lookup of another prefix held by that
     slow link is decided on the measurement, without a probe."""
-    monkeypatch.setattr("kvstore.pipeline.remote._SAMPLE_BYTES", 2 * CHUNK_BYTES)
-    clock = Clock()
-    cost, decisions = model(clock)
-    reader = make_engine(_stored_remotely(ks(1, 2, 3, 5, 6, 7)), cost=cost)
-    monkeypatch.setattr("kvstore.service.inline_remote.time", SlowLinkTime())
-    for _ in range(3):
-        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.001)
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending  # probing
-    clock.now += 2 * EXPLORE_FRACTION * cost.recompute_s(4)  # type: ignore[operator]
-    assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).tiers == ()  # gave up
+    reader, cost, decisions = _gave_up_on_its_probe(monkeypatch, ks(1, 2, 3, 5, 6, 7))
     reader.store_chunks(ks(1, 2, 3, 4))  # its recompute, stored
     reader.pipeline.forget("r1")
-    assert reader.service.run_pending()  # the probe answers (late)
-    reader.pipeline.poll()
-    assert reader.service.num_pending == 1  # the measuring read
-    reader.settle()
-    assert not cost.needs_transfer_sample(Tier.REMOTE)
-    assert reader.index.stats().num_holds == 0
+    _the_late_answer_measures_the_link(reader, cost)  # by a read: no rows to fill
     answer = reader.pipeline.prepare_lookup("r2", ks(5, 6, 7, 8))
     assert not answer.is_pending and answer.tiers == ()
     assert reader.service.num_pending == 0  # the slow link is not probed again
