@@ -30,7 +30,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -195,64 +195,24 @@ class BlockingReads:
         gate: _Gate,
         offset: int,
     ) -> tuple[list[Any], list[RoundTrip]]:
-        results: list[Any] = []
-        trips: list[RoundTrip] = []
         limit = min(self._config.pipeline_bytes, READ_PIPELINE_BYTES)
-        sizes = [value_bytes] * len(keys)
-        parts = split_by_bytes(list(range(len(keys))), sizes, limit)
-        if self._config.endpoint.tls:
-            return self._get_tls(node, keys, parts, deadline, gate, offset)
+        parts = split_by_bytes(list(range(len(keys))), [value_bytes] * len(keys), limit)
+        if self._config.endpoint.tls:  # redis-py's blocking client (RespConnection has no TLS)
+            client = self._client(node)
+            return _read_parts(keys, parts, deadline, gate, offset,
+                               lambda wanted: _pipelined_gets(client, wanted))  # fmt: skip
         conn = self._connection(node)
         is_done = False
         try:
             scratch = self._scratch_for(value_bytes)
-            for part in parts:
-                if time.monotonic() >= deadline:  # the caller gave up on us
-                    raise TimeoutError("remote read past its deadline")
-                started = time.perf_counter()
-                num_bytes = 0
-                replies = conn.get_many([keys[index] for index in part], scratch)
-                for index, reply in zip(part, replies, strict=True):
-                    if isinstance(reply, memoryview):  # consumed before the next one lands
-                        num_bytes += reply.nbytes
-                        results.append(gate.consume(offset + index, reply))
-                    else:
-                        results.append(reply)
-                trips.append(RoundTrip(len(part), num_bytes, time.perf_counter() - started))
+            got = _read_parts(keys, parts, deadline, gate, offset,
+                              lambda wanted: conn.get_many(wanted, scratch))  # fmt: skip
             is_done = True
         finally:
             if not is_done:  # replies may be left unread: the stream is out of step
                 conn.is_broken = True
             self._give_back(node, conn)
-        return results, trips
-
-    def _get_tls(
-        self,
-        node: NodeAddress,
-        keys: list[bytes],
-        parts: Sequence[Sequence[int]],
-        deadline: float,
-        gate: _Gate,
-        offset: int,
-    ) -> tuple[list[Any], list[RoundTrip]]:
-        """`_get` on redis-py's blocking client (TLS, which `RespConnection` does not speak)."""
-        client = self._client(node)
-        results: list[Any] = []
-        trips: list[RoundTrip] = []
-        for part in parts:
-            if time.monotonic() >= deadline:
-                raise TimeoutError("remote read past its deadline")
-            started = time.perf_counter()
-            with client.pipeline(transaction=False) as pipe:
-                for index in part:
-                    pipe.get(keys[index])
-                values = pipe.execute(raise_on_error=False)
-            num_bytes = sum(len(value) for value in values if isinstance(value, bytes))
-            trips.append(RoundTrip(len(part), num_bytes, time.perf_counter() - started))
-            for index, value in zip(part, values, strict=True):
-                is_value = isinstance(value, bytes)
-                results.append(gate.consume(offset + index, value) if is_value else value)
-        return results, trips
+        return got
 
     def _scratch_for(self, value_bytes: int) -> bytearray:
         """This thread's buffer for one value (reused: no fresh pages per value)."""
@@ -320,6 +280,41 @@ class BlockingReads:
             client.close()
         for conn in conns:  # a read blocked on one wakes and fails
             conn.close()
+
+
+def _read_parts(
+    keys: list[bytes],
+    parts: Sequence[Sequence[int]],
+    deadline: float,
+    gate: _Gate,
+    offset: int,
+    pipeline: Callable[[list[bytes]], Iterable[Any]],
+) -> tuple[list[Any], list[RoundTrip]]:
+    """Each part's GETs as one `pipeline` call, its values consumed in order as they come
+    (a memoryview value is valid only until the next), and each part's round trip."""
+    results: list[Any] = []
+    trips: list[RoundTrip] = []
+    for part in parts:
+        if time.monotonic() >= deadline:  # the caller gave up on us
+            raise TimeoutError("remote read past its deadline")
+        started = time.perf_counter()
+        num_bytes = 0
+        replies = pipeline([keys[index] for index in part])
+        for index, reply in zip(part, replies, strict=True):
+            if isinstance(reply, bytes | memoryview):
+                num_bytes += len(reply)
+                results.append(gate.consume(offset + index, reply))
+            else:  # None (missing) or the error the server answered
+                results.append(reply)
+        trips.append(RoundTrip(len(part), num_bytes, time.perf_counter() - started))
+    return results, trips
+
+
+def _pipelined_gets(client: redis.Redis, keys: list[bytes]) -> list[Any]:
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.get(key)
+        return list(pipe.execute(raise_on_error=False))
 
 
 class RoundTrip(NamedTuple):
