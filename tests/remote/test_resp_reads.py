@@ -5,10 +5,12 @@ connections themselves: reused, and replaced when the server closed one while it
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from kvstore.bench.slow_link import SlowLink
-from kvstore.remote import RemoteChunks, RemoteStore, codec
+from kvstore.remote import BreakerState, RemoteChunks, RemoteStore, codec
 from tests.support.redis_servers import RedisServer, redis_server
 
 from .conftest import descriptor, key, make_config, payload
@@ -38,6 +40,12 @@ def _reading_connections(server: RedisServer) -> int:
     with server.client() as client:
         listed = client.client_list()  # type: ignore[no-untyped-call]
     return sum(1 for c in listed if c["name"] == "kvstore" and c["cmd"] == "get")
+
+
+def _reading_ids(server: RedisServer) -> set[str]:
+    with server.client() as client:
+        listed = client.client_list()  # type: ignore[no-untyped-call]
+    return {c["id"] for c in listed if c["name"] == "kvstore" and c["cmd"] == "get"}
 
 
 async def test_a_password_an_acl_user_and_a_db(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,3 +131,26 @@ async def test_measure_reads_values_without_a_row_and_counts_their_bytes(
         assert num_bytes == 2 * (codec.HEADER.size + ROW)
         assert await chunks.lookup([key(0), key(2)]) == [True, True]
         assert await chunks.measure([key(78)]) == 0
+
+
+async def test_healthy_connections_under_concurrent_reads_are_never_taken_for_stale(
+    server: RedisServer,
+) -> None:
+    """The stale check must stay quiet on healthy connections: four reads at once, five
+    times over, reuse what the first round opened (no connection replaced, no node failure)."""
+    async with RemoteStore(make_config(server.url)) as store:
+        chunks = await _store_and_load(store, 24)
+        keys = [key(i) for i in range(24)]
+
+        async def read_all() -> None:
+            outs = rows(24)
+            assert await chunks.load_into(keys, outs) == [True] * 24
+            assert all(out == payload(i, ROW) for i, out in enumerate(outs))
+
+        await asyncio.gather(*(read_all() for _ in range(4)))
+        opened = _reading_ids(server)
+        assert opened
+        for _ in range(5):
+            await asyncio.gather(*(read_all() for _ in range(4)))
+        assert _reading_ids(server) == opened  # the same connections, none replaced
+        assert set(store.breaker_states().values()) == {BreakerState.CLOSED}
