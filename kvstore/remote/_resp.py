@@ -4,10 +4,11 @@ redis-py's blocking client hands every value over as a new bytes object: the soc
 go into hiredis's buffer, then into that object, and the caller copies them once more into the
 CPU row. This connection parses the replies (RESP2) itself and receives each value's bytes
 straight into a buffer the caller reuses for every value (`recv_into`; the few bytes already
-read with the reply's header are moved first), so a value is copied once on its way to its row.
-Measured on loopback (Redis 7, 63 values of 512 KiB in pipelines of 4, each copied into a row,
-one connection, idle 2-vCPU Xeon with AVX-512/AMX, 15 interleaved rounds): redis-py with hiredis
-22.7 ms, this connection 14.9 ms.
+read with the reply's header are moved first), and copied from there into its row once it
+is verified. Measured with `kvstore bench remote --skip-ttft` (its reads section, in the bench
+process, no engine running; loopback Redis 7, 63 values of 512 KiB, verified and copied into
+rows; idle 2-vCPU Xeon with AVX-512/AMX; three back-to-back pairs): 24.9-29.2 ms on redis-py's
+blocking client, 18.3-18.6 ms on this connection.
 
 Only what a bulk read needs: connect (TCP or a Unix socket), AUTH, CLIENT SETNAME, SELECT,
 pipelined GETs. Error replies become redis-py's exception for them (its own mapping), so a
