@@ -331,27 +331,30 @@ class RemoteSteps:
         if tag == _REMEASURE and not state.fetching and not state.is_measuring:
             del self._lookups[_REMEASURE]
 
-    def finish_fetch(self, done: RemoteFetchDone) -> None:
+    def finish_fetch(self, done: RemoteFetchDone) -> bool:
         """Verified chunks become ready in CPU (and go to the local disk by write-through);
-        they are held for the requester, or let go if it is gone."""
+        they are held for the requester, or let go if it is gone. True when a requester holds
+        some of them for its load (their write-through waits for it: `TierPipeline`)."""
         self._index.complete_store(done.ok, True)
         self._index.complete_store(done.failed, False)
         if self._cost is not None and done.ok:
             self._cost.observe_transfer(Tier.REMOTE, done.num_bytes, done.duration_s)
         state = self._lookups.get(str(done.tag))
         if state is None:
-            return
+            return False
         state.fetching.difference_update(done.ok + done.failed)
         for key in done.failed:
             state.found[key] = False
         if done.failed:
             logger.info("kvstore: %d remote chunk(s) could not be fetched; recomputed",
                         len(done.failed))  # fmt: skip
+        held: list[BlockKey] = []
         if not state.has_given_up:  # else the requester recomputes: nothing to hold for it
             held = self._index.hold(done.ok)
             state.held.update(held)
             state.fetched.update(held)
         self._end_remeasure(str(done.tag), state)
+        return bool(held)
 
     def finish_write(self, done: RemoteWriteDone) -> None:
         keys = [key for key in done.ok + done.failed if key in self._writing]
