@@ -23,8 +23,9 @@ that gave up on a probe fetches a few of the chunks it found anyway, in the back
 measure the link (`RemoteSteps`).
 
 A load the requester waits on has a budget (`wait_budget_s`): twice its expected time, within
-[`EXPLORE_FRACTION`, `margin`] x the recompute. An unmeasured remote link gets the lower end (a
-Redis across a network is often slower than recomputing); an unmeasured disk the upper end (a
+[`EXPLORE_FRACTION`, `margin`] x the recompute. An unmeasured remote link gets the lower end, at
+most `EXPLORE_MAX_S` (a Redis across a network is often slower than recomputing; a good link
+shows itself within that); an unmeasured disk the upper end (a
 local disk almost always pays, and the first disk hits after a restart, before anything is
 measured, are the ones a persistent tier is for). Past it the requester stops waiting and
 recomputes (counted as `gave_up`) while the transfer goes on in the background, as a
@@ -52,7 +53,15 @@ _MIN_TRANSFER_SAMPLES = 1  # one transfer of a few chunks already says what the 
 
 EXPLORE_FRACTION = 0.05
 """The least a requester may wait on a load, as a fraction of recomputing its tokens: all it
-waits when the link's speed is not known (a request then costs at most ~1.05x its recompute)."""
+waits when the link's speed is not known (a request then costs at most ~1.05x its recompute),
+and never more than `EXPLORE_MAX_S`."""
+
+EXPLORE_MAX_S = 0.1
+"""The most a requester waits on a remote link whose speed is not known, however long its
+recompute: a probe and the first few chunks (4 MiB) take a few ms on loopback and tens on a LAN.
+A slower link is measured in the background while the requester recomputes. Without it, a 9 s
+recompute (a 2048-token prefill on a 2-vCPU VM without AVX-512) let the first request on a
+4 MB/s link wait 0.47 s, and it cost 1.01-1.11x its recompute in `kvstore bench remote`."""
 
 
 STEP_JITTER_S = 0.05
@@ -246,8 +255,9 @@ class LoadCostModel:
         """How long a requester may wait for a load of `num_chunks` chunks from `tier` before
         it recomputes instead (None: no limit, the recompute is not measured): twice the
         expected load (at least `STEP_JITTER_S`), at least `EXPLORE_FRACTION` and at most
-        `margin` x the recompute; when the tier is not measured, the least for the remote tier
-        and the most for the disk (module docstring). `num_tokens` as in `decide`."""
+        `margin` x the recompute; when the tier is not measured, the least (at most
+        `EXPLORE_MAX_S`) for the remote tier and the most for the disk (module docstring).
+        `num_tokens` as in `decide`."""
         recompute = self.recompute_s(num_chunks, num_tokens=num_tokens)
         if recompute is None:
             return None
@@ -255,7 +265,7 @@ class LoadCostModel:
         most = max(self.margin * recompute, least)
         expected = self.load_s(tier, num_chunks, round_trips=round_trips)
         if expected is None:
-            return most if tier is Tier.DISK else least
+            return most if tier is Tier.DISK else min(least, EXPLORE_MAX_S)
         return min(max(2 * expected, least, STEP_JITTER_S), most)
 
     def deadline_s(

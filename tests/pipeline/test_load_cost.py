@@ -9,7 +9,12 @@ import time
 import pytest
 
 from kvstore.keys import BlockKey, Tier
-from kvstore.pipeline.load_cost import EXPLORE_FRACTION, STEP_JITTER_S, LoadCostModel
+from kvstore.pipeline.load_cost import (
+    EXPLORE_FRACTION,
+    EXPLORE_MAX_S,
+    STEP_JITTER_S,
+    LoadCostModel,
+)
 from kvstore.service.completions import Completion
 from kvstore.service.inline_remote import SharedRemote
 
@@ -254,6 +259,19 @@ def test_an_unmeasured_disk_may_take_up_to_the_margin_an_unmeasured_link_only_a_
     assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(EXPLORE_FRACTION * recompute)
     teach(cost, s_per_token=0.01, disk_s_per_chunk=0.01)
     assert cost.wait_budget_s(Tier.DISK, 4) == pytest.approx(2 * 4 * 0.01)
+
+
+def test_an_unmeasured_link_gets_at_most_a_tenth_of_a_second_however_long_the_recompute() -> None:
+    """On a slow CPU a prefill takes seconds; 5% of that let the first request on a slow link
+    wait half a second. The cap is what a probe and a first sample need on a good link."""
+    cost, _ = model()
+    for _ in range(3):  # 4 chunks recompute in 6.4 s
+        cost.observe_step(4 * TOKENS, 4 * TOKENS * 0.1)
+    assert EXPLORE_FRACTION * cost.recompute_s(4) > EXPLORE_MAX_S  # type: ignore[operator]
+    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(EXPLORE_MAX_S)
+    assert cost.wait_budget_s(Tier.DISK, 4) == pytest.approx(cost.margin * 6.4)  # unchanged
+    teach(cost, s_per_token=0.1, remote_latency_s=0.01, remote_s_per_chunk=0.05)
+    assert cost.wait_budget_s(Tier.REMOTE, 4) == pytest.approx(2 * (0.01 + 4 * 0.05))
 
 
 def _on_disk_only(cost: LoadCostModel, keys: list[BlockKey]) -> Rig:
