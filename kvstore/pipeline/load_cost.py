@@ -61,7 +61,8 @@ EXPLORE_MAX_S = 0.1
 recompute: a probe and the first few chunks (4 MiB) take a few ms on loopback and tens on a LAN.
 A slower link is measured in the background while the requester recomputes. Without it, a 9 s
 recompute (a 2048-token prefill on a 2-vCPU VM without AVX-512) let the first request on a
-4 MB/s link wait 0.47 s, and it cost 1.01-1.11x its recompute in `kvstore bench remote`."""
+4 MB/s link wait 0.47 s, and it cost 1.00-1.11x its recompute in `kvstore bench remote`
+(idle 2-vCPU AMD EPYC VM, in-process and multiprocess, `VLLM_CPU_NUM_OF_RESERVED_CPU=1`)."""
 
 
 STEP_JITTER_S = 0.05

@@ -379,7 +379,7 @@ class TierPipeline:
         elif isinstance(done, RemoteFetchDone):
             # The local disk keeps a copy of what Redis served, written once the requester's
             # load has landed (`complete_load`, `release`, `forget`): a disk write of a whole
-            # prompt beside its load and forward slowed that first token by ~25% in-process.
+            # prompt beside its load and forward slowed that first token by ~27% (in-process).
             if not remote.finish_fetch(done):
                 self._write_through()
         elif isinstance(done, RemoteMeasureDone):
