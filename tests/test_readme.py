@@ -53,7 +53,8 @@ def test_readme_runs_as_written(
             runner.run(block)
     finally:
         runner.stop_background()
-    print("\n".join(["ran:", *runner.ran, "not run:", *runner.not_run]))
+    print("\n".join(["ran:", *runner.ran, "not run:", *runner.not_run, "seconds per block:"]))
+    print("\n".join(f"  {where}: {s:.1f}" for where, s in runner.seconds.items()))
     assert len(runner.not_run) <= MAX_NOT_RUN + (prometheus is None), runner.not_run
 
     # kvstore speaks in a plain api_server's log: its one start-up line, through vLLM's logger

@@ -30,7 +30,8 @@ but the one holding the last token) came from the tier it is named for, and none
 Ratios are within one run (machines are shared and noisy); medians with min-max. `--check`
 (run by CI: the 2048-token prompt, CPU tier, multiprocess layout) exits 1 unless a CPU-tier hit
 is at least 2x faster than recompute and the no-hit throughput with kvstore (its disk tier on)
-is at least 0.75x without it: the median of 7 paired repeats of both batches, pooled. That gate
+is at least 0.75x without it: the median of 7 paired repeats of both batches, pooled, each
+batch of as many prompts (2 to 6) as the engine prefills in about 2 s (timed first). That gate
 guards against regressions (writes back on the step path measured 0.61-0.64x, issue 23); it is
 not the target, which the report states and checks separately (0.97x, still missed on fast
 machines: CI on a 2-core AVX-512/AMX VM measured 0.786x prefill, 0.912x decode, 0.853x pooled).
@@ -45,7 +46,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,9 @@ THROUGHPUT_TARGET = 0.97  # issue 23: no-hit throughput, kvstore on / off
 # 0.917-0.961x (clean-clone runs here), so a 0.9x gate failed on the code's known state.
 _GATE_THROUGHPUT = 0.75
 _CHECK_NOHIT_REPEATS = 7  # --check: the no-hit batches are short; the hits take 3 repeats
+# --check: the prefill batch's target length. Pairs of a few seconds each keep the gate's
+# ratio steady (a batch of 0.08 s swung by 0.15); more prompts per batch only cost CI time.
+_CHECK_BATCH_S = 2.0
 
 
 @dataclass
@@ -83,6 +87,8 @@ class SizeResult:
     hit_tokens: dict[str, float] = field(default_factory=dict)
     nohit: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """batch ("prefill" | "decode") -> engine ("off" | "on") -> seconds per batch"""
+    nohit_prompts: int = 0
+    """unique prompts per no-hit batch"""
 
     def median(self, path: str) -> float:
         return statistics.median(self.times[path])
@@ -125,6 +131,16 @@ class NohitBatches:
     def num_tokens(self) -> int:
         return self.prompts * self.tokens
 
+    def fitted(self, prefill_s: float, prefill_tokens: int) -> NohitBatches:
+        """The batches with as many prompts (at least 2, at most these) as one engine
+        prefills in about `_CHECK_BATCH_S`, from a warm engine's prefill of `prefill_tokens`
+        in `prefill_s`. On a 2-vCPU AMX VM 6 prompts take ~1 s: unchanged. On a 2-vCPU EPYC
+        without AVX-512 (a 2048-token prefill in ~17 s multiprocess) 2 prompts take ~8 s, and
+        the gate's 7 repeats of 6 took ~15 of its ~25 minutes."""
+        per_prompt_s = prefill_s * self.tokens / prefill_tokens
+        prompts = max(2, min(self.prompts, round(_CHECK_BATCH_S / max(per_prompt_s, 1e-6))))
+        return replace(self, prompts=prompts)
+
 
 def measure_nohit(
     off: BenchEngine, on: BenchEngine, repeats: int, batches: NohitBatches
@@ -157,7 +173,10 @@ def measure_nohit(
 def measure_size(
     model: Path, workdir: Path, num_tokens: int, repeats: int, *, with_disk: bool = True,
     layout: str = "multiproc", nohit: NohitBatches | None = None, nohit_repeats: int = 0,
+    fit_nohit: bool = False,
 ) -> SizeResult:  # fmt: skip
+    """`fit_nohit`: fewer prompts per no-hit batch on a slow machine (`NohitBatches.fitted`,
+    from one more timed recompute), as the CI gate runs them."""
     workdir = workdir / layout
     workdir.mkdir(parents=True, exist_ok=True)
     hosted = layout == "inproc"
@@ -181,7 +200,10 @@ def measure_size(
         off.ttft_s(synthetic_prompt(1, num_tokens))  # one-off costs of a new engine
         on.ttft_s(synthetic_prompt(2, num_tokens))
         if nohit is not None:  # first: their chunks are the oldest, the first evicted
+            if fit_nohit:
+                nohit = nohit.fitted(off.ttft_s(synthetic_prompt(3, num_tokens)), num_tokens)
             result.nohit = measure_nohit(off, on, nohit_repeats or repeats, nohit)
+            result.nohit_prompts = nohit.prompts
         for r, prompt in enumerate(prompts):
             result.times["recompute"].append(off.ttft_s(prompt))
             result.times["engine_cache"].append(off.ttft_s(prompt))
@@ -253,7 +275,8 @@ def report(sizes: Sequence[SizeResult]) -> str:
             ratio = nohit_ratio(times)
             verdict = "met" if ratio >= THROUGHPUT_TARGET else "MISSED"
             lines.append(
-                f"- no-hit {batch} batch, kvstore on {ratio:.3f}x off (target >= "
+                f"- no-hit {batch} batch ({size.nohit_prompts} unique prompts), kvstore on "
+                f"{ratio:.3f}x off (target >= "
                 f"{THROUGHPUT_TARGET}: {verdict}); seconds per batch off "
                 f"{_spread(times['off'])}, on {_spread(times['on'])}"
             )
@@ -352,7 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i, n in enumerate(tokens):  # the no-hit batches once per layout
                 size = measure_size(model, workdir, n, args.repeats, with_disk=not args.check,
                                     layout=layout, nohit=None if i else nohit,
-                                    nohit_repeats=nohit_repeats)  # fmt: skip
+                                    nohit_repeats=nohit_repeats,
+                                    fit_nohit=args.check)  # fmt: skip
                 sizes.append(size)
                 print(report([size]), flush=True)  # a long run shows each as it finishes
     if len(sizes) > 1:

@@ -17,7 +17,7 @@ TARGETS = ("baseline", "kvstore", "lmcache")
 BLOCK_TOKENS = 32
 _WORKLOADS = {  # prefix, suffix, prefixes, prompts, output tokens
     "default": (2048, 128, 8, 32, 16),
-    "quick": (1024, 64, 4, 12, 8),
+    "quick": (512, 32, 4, 12, 8),
 }
 
 
@@ -30,7 +30,7 @@ def _parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small workload: 4 prefixes of 1024 tokens, 12 prompts, 8 tokens out",
+        help="small workload: 4 prefixes of 512 tokens, 12 prompts, 8 tokens out",
     )
     p.add_argument(
         "--out",

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvstore.bench.connector import SizeResult, gate, main, nohit_ratio
+from kvstore.bench.connector import NohitBatches, SizeResult, gate, main, nohit_ratio
 
 HITS = {"recompute": [1.0, 1.1, 0.9], "engine_cache": [0.05] * 3, "kvstore_cpu": [0.06] * 3}
 
@@ -51,6 +51,24 @@ def test_the_gate_fails_a_slow_cpu_hit_even_when_throughput_is_kept() -> None:
     ok, message = gate(size)
     assert not ok
     assert "faster than recompute (gate >= 2.0x): FAILED" in message
+
+
+def test_the_gate_fits_its_no_hit_batches_to_the_machine_between_2_and_6_prompts() -> None:
+    batches = NohitBatches()  # 6 prompts of 512 tokens
+    assert batches.fitted(prefill_s=0.4, prefill_tokens=2048).prompts == 6  # AMX: ~0.6 s
+    assert batches.fitted(prefill_s=17.0, prefill_tokens=2048).prompts == 2  # no AVX-512
+    assert batches.fitted(prefill_s=2.0, prefill_tokens=2048).prompts == 4  # 0.5 s a prompt
+    assert batches.fitted(prefill_s=0.0, prefill_tokens=2048).prompts == 6
+    fitted = batches.fitted(prefill_s=17.0, prefill_tokens=2048)
+    assert (fitted.tokens, fitted.decode_tokens) == (batches.tokens, batches.decode_tokens)
+
+
+def test_the_report_says_how_many_prompts_a_no_hit_batch_had() -> None:
+    from kvstore.bench.connector import report
+
+    size = _size([0.41, 0.82, 0.4], [1.5, 1.6, 2.5])
+    size.nohit_prompts = 2
+    assert "no-hit prefill batch (2 unique prompts)" in report([size])
 
 
 def test_prompts_too_short_for_the_no_hit_batches_are_refused_before_any_engine_starts(

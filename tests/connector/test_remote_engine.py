@@ -17,7 +17,7 @@ from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config
 from tests.support.oracle import assert_same_outputs, runs_from
 from tests.support.redis_servers import redis_cluster, redis_server
-from tests.support.subprocess_run import run_engine_process
+from tests.support.subprocess_run import run_engine_here, run_engine_process
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
@@ -42,7 +42,7 @@ def _tiers(result: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_second_engine_gets_remote_hits(tiny_model_dir: Path) -> None:
     with redis_server() as server:
-        first = run_engine_process(_spec(tiny_model_dir, remote_url=server.url))
+        first = run_engine_here(_spec(tiny_model_dir, remote_url=server.url))
         assert _tiers(first)["remote"]["stored_chunks"] == 6
         client = server.client()
         (descriptor_key,) = client.scan_iter(match=b"kvstore:*:descriptor")
@@ -59,7 +59,7 @@ def test_replicas_share_prefixes_through_a_redis_cluster(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     with redis_cluster() as cluster:
-        first = run_engine_process(_spec(tiny_model_dir, remote_url=cluster.url))
+        first = run_engine_here(_spec(tiny_model_dir, remote_url=cluster.url))
         # the second replica has a local disk too: remote hits are kept there as well
         second = run_engine_process(
             _spec(
@@ -92,7 +92,7 @@ def test_a_dead_remote_never_stops_serving(tiny_model_dir: Path) -> None:
 
 def test_a_corrupted_remote_value_is_a_miss_and_is_deleted(tiny_model_dir: Path) -> None:
     with redis_server() as server:
-        first = run_engine_process(_spec(tiny_model_dir, remote_url=server.url))
+        first = run_engine_here(_spec(tiny_model_dir, remote_url=server.url))
         client = server.client()
         keys = sorted(client.scan_iter(match=b"kvstore:*:*"))
         chunk_keys = [k for k in keys if not k.endswith(b":descriptor")]

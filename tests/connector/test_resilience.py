@@ -15,7 +15,7 @@ from kvstore.tiny_model import TinyLlamaSpec
 from kvstore.vllm.engine import engine, generate_runs, kv_transfer_config, scheduler_connector
 from tests.support.connector import drain, kvstore_summary
 from tests.support.oracle import assert_audited, assert_same_outputs, runs_from
-from tests.support.subprocess_run import run_engine_process
+from tests.support.subprocess_run import run_engine_here, run_engine_process
 from tiers.lmdb import LMDBStore
 
 pytestmark = pytest.mark.engine
@@ -57,7 +57,7 @@ def test_restart_serves_from_disk(tiny_model_dir: Path, tmp_path: Path) -> None:
             "disk_bytes": 64 * CHUNK_BYTES,
         },
     }
-    first = run_engine_process(spec)
+    first = run_engine_here(spec)  # then a restart: a fresh process
     second = run_engine_process(spec)
     assert first["returncode"] == 0 and second["returncode"] == 0, second["stderr_tail"]
     assert first["summary"]["tiers"]["disk"]["stored_chunks"] == 6

@@ -157,6 +157,7 @@ class BlockRunner:
     not_run: list[str] = field(default_factory=list)
     ran: list[str] = field(default_factory=list)
     logs: dict[int, str] = field(default_factory=dict)  # a background block's output, by line
+    seconds: dict[str, float] = field(default_factory=dict)  # each block run, by where()
 
     def run(self, block: Block) -> None:
         validate_transfer_configs(block.text)
@@ -169,7 +170,9 @@ class BlockRunner:
             return
         handler = getattr(self, f"_run_{block.lang}", None)
         assert handler is not None, f"{block.where()}: say what the block is ({LANGUAGES})"
+        start = time.monotonic()
         handler(block)
+        self.seconds[block.where()] = time.monotonic() - start
 
     # -- languages --------------------------------------------------------------------------
 
