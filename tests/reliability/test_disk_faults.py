@@ -17,6 +17,9 @@ from reliability.isolation import in_child
 from tiers import LMDBOptions
 from tiers.lmdb import LMDBStore
 
+# tiers/' LMDB store on a failing disk: nothing of vLLM
+pytestmark = pytest.mark.vllm_free
+
 
 def _open_readonly_error(path: Path) -> str:
     try:

@@ -112,6 +112,7 @@ def test_time_limit_interrupts_python_code() -> None:
             pass
 
 
+@pytest.mark.vllm_free  # the runner's handling of a child, whatever it imports
 def test_a_scenario_process_that_dies_becomes_a_failed_row(tmp_path: Path) -> None:
     """The child cannot find the scenario (it exists only here), so it dies without a row: the
     runner must say so in a failed row instead of raising."""

@@ -23,7 +23,8 @@ from reliability.fuzz import FuzzTarget, check, fuzz_settings
 from reliability.parser_targets import PARSER_TARGETS, lmdb_tier_options_target
 from reliability.store_targets import KEYS, NS_A, NS_B, STORE_TARGETS, exercise_store, template
 
-TARGETS = (*STORE_TARGETS, *PARSER_TARGETS)
+# tiers/' store records know nothing of vLLM (the layering test keeps it so)
+TARGETS = (*(pytest.param(t, marks=pytest.mark.vllm_free) for t in STORE_TARGETS), *PARSER_TARGETS)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
@@ -49,6 +50,7 @@ def test_lmdb_tier_options_never_break_the_rule() -> None:
     feed()
 
 
+@pytest.mark.vllm_free  # tiers/' LMDB file and the CLI's store commands
 @fuzz_settings(25)
 @given(
     offset_fraction=st.floats(0.0, 1.0),

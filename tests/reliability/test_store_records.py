@@ -20,6 +20,9 @@ from kvstore.cli import app
 from tiers.errors import CorruptionError, NamespaceError, StoreDamagedError, TierConfigError
 from tiers.lmdb import LMDBStore
 
+# tiers/' LMDB records: nothing of vLLM (the layering test keeps it so)
+pytestmark = pytest.mark.vllm_free
+
 A, B = "a1a1a1a1", "b2b2b2b2"
 KEYS = (b"\x11" * 16, b"\x22" * 16)
 
