@@ -135,8 +135,8 @@ class NohitBatches:
         """The batches with as many prompts (at least 2, at most these) as one engine
         prefills in about `_CHECK_BATCH_S`, from a warm engine's prefill of `prefill_tokens`
         in `prefill_s`. On a 2-vCPU AMX VM 6 prompts take ~1 s: unchanged. On a 2-vCPU EPYC
-        without AVX-512 (a 2048-token prefill in ~17 s multiprocess) 2 prompts take ~8 s, and
-        the gate's 7 repeats of 6 took ~15 of its ~25 minutes."""
+        without AVX-512 (a 2048-token prefill in ~17 s multiprocess) 2 prompts take ~8 s: the
+        whole gate took 9.8 min there, against ~25 min with 6."""
         per_prompt_s = prefill_s * self.tokens / prefill_tokens
         prompts = max(2, min(self.prompts, round(_CHECK_BATCH_S / max(per_prompt_s, 1e-6))))
         return replace(self, prompts=prompts)
