@@ -53,10 +53,11 @@ def test_the_gate_fails_a_slow_cpu_hit_even_when_throughput_is_kept() -> None:
     assert "faster than recompute (gate >= 2.0x): FAILED" in message
 
 
-def test_the_gate_fits_its_no_hit_batches_to_the_machine_between_2_and_6_prompts() -> None:
+def test_the_gate_fits_its_no_hit_batches_to_the_machine_between_1_and_6_prompts() -> None:
     batches = NohitBatches()  # 6 prompts of 512 tokens
     assert batches.fitted(prefill_s=0.4, prefill_tokens=2048).prompts == 6  # AMX: ~0.6 s
-    assert batches.fitted(prefill_s=17.0, prefill_tokens=2048).prompts == 2  # no AVX-512
+    assert batches.fitted(prefill_s=17.0, prefill_tokens=2048).prompts == 1  # no AVX-512
+    assert batches.fitted(prefill_s=5.0, prefill_tokens=2048).prompts == 2  # 1.25 s a prompt
     assert batches.fitted(prefill_s=2.0, prefill_tokens=2048).prompts == 4  # 0.5 s a prompt
     assert batches.fitted(prefill_s=0.0, prefill_tokens=2048).prompts == 6
     fitted = batches.fitted(prefill_s=17.0, prefill_tokens=2048)
@@ -69,6 +70,8 @@ def test_the_report_says_how_many_prompts_a_no_hit_batch_had() -> None:
     size = _size([0.41, 0.82, 0.4], [1.5, 1.6, 2.5])
     size.nohit_prompts = 2
     assert "no-hit prefill batch (2 unique prompts)" in report([size])
+    size.nohit_prompts = 1
+    assert "no-hit decode batch (1 unique prompt)" in report([size])
 
 
 def test_prompts_too_short_for_the_no_hit_batches_are_refused_before_any_engine_starts(
