@@ -8,6 +8,7 @@ bytes over as good data. Missing keys are `None`, not errors.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "Value",
     "WritableBuffer",
     "checksum",
+    "copy_into",
 ]
 
 Value = bytes | bytearray | memoryview
@@ -157,6 +159,26 @@ class BlockStore(Protocol):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None: ...
+
+
+_GIL_FREE_COPY_BYTES = 64 << 10
+"""From this size on, `copy_into` copies without the GIL (below it the call costs more)."""
+
+
+def copy_into(target: memoryview, value: Value) -> None:
+    """`target[:len(value)] = value` for flat byte views, without holding the GIL while the
+    bytes move when numpy is loaded (an engine's process; the CLI reads stores without it), so
+    two readers copy on two cores. `target` must hold `value` (the callers check)."""
+    source = memoryview(value)
+    size = source.nbytes
+    numpy_module = sys.modules.get("numpy")
+    if numpy_module is None or size < _GIL_FREE_COPY_BYTES:
+        target[:size] = source
+        return
+    uint8 = numpy_module.uint8
+    destination = numpy_module.frombuffer(target, uint8, size)  # raises if target is smaller
+    ctypes.memmove(destination.ctypes.data, numpy_module.frombuffer(source, uint8).ctypes.data,
+                   size)  # fmt: skip
 
 
 def check_namespace(namespace: str) -> bytes:

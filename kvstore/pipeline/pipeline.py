@@ -114,6 +114,7 @@ class TierPipeline:
         remote_tokens: int | None = None,
         is_final: bool = True,
         wait_until_s: float | None = None,
+        is_alone: bool = False,
     ) -> LookupAnswer:
         """The longest prefix of `keys` servable from CPU now; disk-only chunks of it are
         promoted first: the answer waits up to `promotion_wait_s` for them to land (a fast
@@ -127,7 +128,9 @@ class TierPipeline:
         `remote_tokens`: the tokens a remote hit of the rest would save computing. Not
         `is_final`: a partial answer is not counted (the requester asks for other keys next).
         A remote probe and then its fetch are waited for within the same `promotion_wait_s`
-        (from the first call on: `wait_until_s`), so a fast link costs no scheduler steps."""
+        (from the first call on: `wait_until_s`), so a fast link costs no scheduler steps.
+        `is_alone`: no other request is in the engine, so a promotion, or a probe and its
+        fetch, is waited for up to the requester's own budget (`LookupWaits`)."""
         self.poll()
         state = self._owners.setdefault(owner, OwnerState())
         if state.promoting and not self._give_up_if_late(state):
@@ -143,7 +146,9 @@ class TierPipeline:
             if self._promotion_pays(result.tiers, token_counts) and self._start_promotion(
                 owner, state, result.keys, self._hit_tokens(result.tiers, token_counts)
             ):
-                if may_wait and self._waits.promotion(state, result.num_disk_hits):
+                if may_wait and self._waits.promotion(
+                    state, result.num_disk_hits, is_alone=is_alone
+                ):
                     return self.prepare_lookup(
                         owner, keys, skip_tokens=skip_tokens, may_wait=False,
                         token_counts=token_counts, num_asked_chunks=num_asked_chunks,
@@ -154,11 +159,13 @@ class TierPipeline:
         elif self._remote is not None and self._remote.extend(
             owner, keys, num_hits, num_tokens=remote_tokens
         ):
-            until_s = self._waits.remote(self._remote, owner, wait_until_s) if may_wait else None
+            until_s = self._waits.remote(
+                self._remote, owner, wait_until_s, is_alone=is_alone
+            ) if may_wait else None
             return PENDING if until_s is None else self.prepare_lookup(
                 owner, keys, skip_tokens=skip_tokens, token_counts=token_counts,
                 num_asked_chunks=num_asked_chunks, remote_tokens=remote_tokens,
-                is_final=is_final, wait_until_s=until_s,
+                is_final=is_final, wait_until_s=until_s, is_alone=is_alone,
             )  # fmt: skip
         fetched = self._remote.held_keys(owner) if self._remote is not None else set()
         tiers = tuple(

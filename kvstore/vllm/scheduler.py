@@ -151,7 +151,9 @@ class ConnectorScheduler:
         else:
             wanted = self.chunk_keys(request, start, max_chunks)
             entries = [(start + i, 0) for i in range(len(wanted))]
-            answer = self._pipeline.prepare_lookup(state.req_id, wanted, skip_tokens=skip_tokens)
+            answer = self._pipeline.prepare_lookup(
+                state.req_id, wanted, skip_tokens=skip_tokens, is_alone=self._is_alone(state)
+            )
             if answer.is_pending:
                 return None, False
             tiers = answer.tiers
@@ -165,6 +167,13 @@ class ConnectorScheduler:
         state.hit_entries = entries[:num_hits]
         state.is_sync_load = self._take_sync_budget(num_hits)
         return num_hit_tokens, not state.is_sync_load
+
+    def _is_alone(self, state: RequestState) -> bool:
+        """Whether `state`'s is the only request in the engine (no other would be scheduled
+        while its lookup blocks)."""
+        return not any(
+            other is not state and not other.is_finished for other in self._reqs.values()
+        )
 
     def _take_sync_budget(self, num_chunks: int) -> bool:
         """Whether a CPU-resident hit of `num_chunks` loads in the step that schedules it

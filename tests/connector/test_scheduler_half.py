@@ -14,6 +14,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import Request
 
 from kvstore.keys import Tier
+from kvstore.pipeline.waits import ALONE_WAIT_MAX_S
 from kvstore.transfer.jobs import JobKind
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
 
@@ -162,6 +163,38 @@ def test_disk_hits_are_promoted_before_they_load(
         registry = h.metrics.registry
         disk_hits = registry.get_sample_value("kvstore_hit_tokens_total", {"tier": "disk"})
         assert disk_hits == 2 * BLOCK
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("is_alone", [True, False], ids=["alone", "beside-another-request"])
+def test_the_only_request_in_the_engine_waits_in_its_lookup_for_a_slow_promotion(
+    is_alone: bool,
+) -> None:
+    """A read slower than the promotion wait: beside another live request the lookup answers
+    "pending" at once (that request's steps go on); the only request in the engine waits for
+    the read in its lookup (no idle steps beside it) and gets its hit in one call."""
+    h = make_harness(num_cpu_rows=2, disk_chunks=8, promotion_wait_s=0.02, read_delay_s=0.15)
+    try:
+        first, other = new_request("a", PROMPT), new_request("o", list(range(200, 211)))
+        store_prompt(h, first, [0, 1, 2])
+        wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 2)
+        store_prompt(h, other, [3, 4, 5])  # evicts PROMPT's chunks from the 2 CPU rows
+        wait_until(lambda: h.scheduler.settle() or len(h.index.ready_keys(Tier.DISK)) == 4)
+        h.scheduler.request_finished(first)
+        if is_alone:
+            h.scheduler.request_finished(other)
+        again = new_request("b", PROMPT)
+        h.scheduler.track(again)
+        start_s = time.monotonic()
+        answer = h.scheduler.get_num_new_matched_tokens(again, 0)
+        waited_s = time.monotonic() - start_s
+        if is_alone:
+            assert answer == (2 * BLOCK, False)
+            assert 0.1 < waited_s < ALONE_WAIT_MAX_S + 0.2
+        else:
+            assert answer == (None, False)
+            assert waited_s < 0.1
     finally:
         h.close()
 

@@ -5,6 +5,7 @@ declining disk promotions and remote probes or fetches that would be slower than
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import pytest
 
@@ -15,6 +16,8 @@ from kvstore.pipeline.load_cost import (
     STEP_JITTER_S,
     LoadCostModel,
 )
+from kvstore.pipeline.remote import RemoteSteps
+from kvstore.pipeline.waits import ALONE_WAIT_MAX_S, LookupWaits
 from kvstore.service.completions import Completion
 from kvstore.service.inline_remote import SharedRemote
 
@@ -514,6 +517,38 @@ def test_the_lookup_waits_on_the_remote_no_longer_than_the_requesters_budget(
     assert reader.pipeline.prepare_lookup("r1", ks(1, 2, 3, 4)).is_pending
     assert time.monotonic() - start_s < 1.0
     assert waits and max(waits) <= budget
+
+
+class _SilentRemote:
+    """A remote step whose probe never answers, with the requester's budget `left_s`."""
+
+    def __init__(self, left_s: float | None) -> None:
+        self.left_s = left_s
+
+    def seconds_left(self, owner: str) -> float | None:
+        return self.left_s
+
+    def num_waited_chunks(self, owner: str) -> int | None:
+        return 4
+
+
+@pytest.mark.parametrize(
+    ("is_alone", "left_s", "most_s"),
+    [(False, 1.0, 0.02), (True, 0.12, 0.12), (True, 5.0, ALONE_WAIT_MAX_S)],
+    ids=["beside-others", "alone-within-its-budget", "alone-at-most-the-cap"],
+)
+def test_the_only_request_waits_on_the_remote_up_to_its_budget(
+    is_alone: bool, left_s: float, most_s: float
+) -> None:
+    """Beside other requests a lookup waits for the remote only `promotion_wait_s`; the only
+    request in the engine waits up to its own budget (no one else's step is held up), and
+    never past `ALONE_WAIT_MAX_S`."""
+    waits = LookupWaits(time.sleep, None, 0.02)
+    start_s = time.monotonic()
+    assert waits.remote(cast(RemoteSteps, _SilentRemote(left_s)), "r1", None,
+                        is_alone=is_alone) is None  # fmt: skip
+    waited_s = time.monotonic() - start_s
+    assert 0.8 * most_s < waited_s < most_s + 0.1
 
 
 def test_an_unmeasured_link_is_fetched_a_sample_first_and_the_rest_once_it_lands(

@@ -168,6 +168,33 @@ def test_get_many_into_reports_per_key(harness: StoreHarness) -> None:
     assert results[3] == 32 and bytes(outs[3][:32]) == b"m" * 32
 
 
+def test_large_values_read_into_every_buffer_kind_and_corruption_is_still_caught(
+    harness: StoreHarness,
+) -> None:
+    """Values from 64 KiB on are copied without the GIL (`tiers.store.copy_into`): the bytes
+    land exactly, in a buffer larger than the value too, and a flipped byte is still caught."""
+    store = _ready(harness)
+    sizes = {b"row": 512 << 10, b"odd": (64 << 10) + 3, b"bad": 256 << 10}
+    values = {key: os.urandom(size) for key, size in sizes.items()}
+    store.put_many("ns", list(values.items()))
+    harness.corrupt("ns", b"bad")
+    store = harness.store
+    outs = [
+        torch.zeros(512 << 10, dtype=torch.uint8),
+        np.zeros((128 << 10) + 7, dtype=np.uint8),
+        bytearray(256 << 10),
+    ]
+    keys = [b"row", b"odd", b"bad"]
+    results = store.get_many_into("ns", list(zip(keys, outs, strict=True)))
+    assert results[0] == 512 << 10 and bytes(outs[0].numpy()) == values[b"row"]
+    odd = values[b"odd"]
+    assert results[1] == len(odd) and bytes(outs[1][: len(odd)]) == odd
+    assert not outs[1][len(odd) :].any()  # nothing past the value is touched
+    assert isinstance(results[2], CorruptionError) and results[2].key == b"bad"
+    out = bytearray(512 << 10)
+    assert store.get_into("ns", b"row", out) == 512 << 10 and bytes(out) == values[b"row"]
+
+
 def test_full_store_refuses_puts_and_writes_nothing(harness: StoreHarness) -> None:
     store = _ready(harness)
     store.put_many("ns", [(b"a", b"x" * (CAPACITY_BYTES - 100))])
