@@ -43,8 +43,8 @@ class LookupWaits:
     def _alone_wait_s(self, state: OwnerState) -> float:
         """How long the lookup of the only request in the engine waits for its promotion: no
         other request's step is held up meanwhile, and blocked here the scheduler leaves the
-        cores to the reads (pending, the engine would step idle beside them, which measured
-        the reads of a 32 MiB hit 2-3x slower in one process). Up to the request's own
+        cores to the read (pending, the request costs the engine idle steps until the read
+        lands: 5-6 of them for a 32 MiB disk hit in one trace). Up to the request's own
         deadline, which it would wait through anyway, and at most `ALONE_WAIT_MAX_S` (a
         request that arrives meanwhile waits for the lookup)."""
         left_s = None if self._cost is None else self._cost.seconds_until(state.deadline_s)
