@@ -33,7 +33,9 @@ class LookupWaits:
     def promotion(self, state: OwnerState, num_chunks: int, *, is_alone: bool = False) -> bool:
         """Whether `state`'s promotion of `num_chunks` landed within the wait; `is_alone`: no
         other request is in the engine (`_alone_wait_s`)."""
-        wait_s = max(self._wait_s, self._alone_wait_s(state)) if is_alone else self._wait_s
+        wait_s = self._wait_s
+        if is_alone and wait_s > 0:  # 0: the operator wants no lookup to block
+            wait_s = max(wait_s, self._alone_wait_s(state))
         if self._cost is not None:
             expected_s = self._cost.load_s(Tier.DISK, num_chunks)
             if expected_s is not None and expected_s > wait_s:
@@ -58,7 +60,8 @@ class LookupWaits:
         budget, for its remote probe or fetch to answer; returns `until_s` if it did, else
         None."""
         if until_s is None:
-            until_s = time.monotonic() + (ALONE_WAIT_MAX_S if is_alone else self._wait_s)
+            is_longer = is_alone and self._wait_s > 0  # 0: the operator wants no lookup to block
+            until_s = time.monotonic() + (ALONE_WAIT_MAX_S if is_longer else self._wait_s)
         left_s = remote.seconds_left(owner)
         if left_s is not None:  # not past the requester's own budget (load_policy: cost)
             until_s = min(until_s, time.monotonic() + max(0.0, left_s))

@@ -167,14 +167,21 @@ def test_disk_hits_are_promoted_before_they_load(
         h.close()
 
 
-@pytest.mark.parametrize("is_alone", [True, False], ids=["alone", "beside-another-request"])
+@pytest.mark.parametrize(
+    ("is_alone", "promotion_wait_s"),
+    [(True, 0.02), (False, 0.02), (True, 0.0)],
+    ids=["alone", "beside-another-request", "alone-but-no-wait-configured"],
+)
 def test_the_only_request_in_the_engine_waits_in_its_lookup_for_a_slow_promotion(
-    is_alone: bool,
+    is_alone: bool, promotion_wait_s: float
 ) -> None:
     """A read slower than the promotion wait: beside another live request the lookup answers
     "pending" at once (that request's steps go on); the only request in the engine waits for
-    the read in its lookup (no idle steps beside it) and gets its hit in one call."""
-    h = make_harness(num_cpu_rows=2, disk_chunks=8, promotion_wait_s=0.02, read_delay_s=0.15)
+    the read in its lookup (no idle steps beside it) and gets its hit in one call, unless the
+    operator set `promotion_wait_ms: 0` (no lookup ever blocks)."""
+    h = make_harness(
+        num_cpu_rows=2, disk_chunks=8, promotion_wait_s=promotion_wait_s, read_delay_s=0.15
+    )
     try:
         first, other = new_request("a", PROMPT), new_request("o", list(range(200, 211)))
         store_prompt(h, first, [0, 1, 2])
@@ -189,7 +196,7 @@ def test_the_only_request_in_the_engine_waits_in_its_lookup_for_a_slow_promotion
         start_s = time.monotonic()
         answer = h.scheduler.get_num_new_matched_tokens(again, 0)
         waited_s = time.monotonic() - start_s
-        if is_alone:
+        if is_alone and promotion_wait_s > 0:
             assert answer == (2 * BLOCK, False)
             assert 0.1 < waited_s < ALONE_WAIT_MAX_S + 0.2
         else:

@@ -542,7 +542,12 @@ def test_the_only_request_waits_on_the_remote_up_to_its_budget(
 ) -> None:
     """Beside other requests a lookup waits for the remote only `promotion_wait_s`; the only
     request in the engine waits up to its own budget (no one else's step is held up), and
-    never past `ALONE_WAIT_MAX_S`."""
+    never past `ALONE_WAIT_MAX_S`; with `promotion_wait_s` 0 no lookup waits, alone or not."""
+    no_wait = LookupWaits(time.sleep, None, 0.0)
+    start_s = time.monotonic()
+    assert no_wait.remote(cast(RemoteSteps, _SilentRemote(left_s)), "r1", None,
+                          is_alone=is_alone) is None  # fmt: skip
+    assert time.monotonic() - start_s < 0.01
     waits = LookupWaits(time.sleep, None, 0.02)
     start_s = time.monotonic()
     assert waits.remote(cast(RemoteSteps, _SilentRemote(left_s)), "r1", None,
