@@ -19,13 +19,13 @@ from kvstore.keys import BlockKey, Tier
 from kvstore.metrics import TransferStats
 from kvstore.pipeline import TierPipeline
 from kvstore.transfer.jobs import CopyJob, JobKind
-from kvstore.vllm.compat import resumed_req_ids
 from kvstore.vllm.events import to_vllm_events
 from kvstore.vllm.geometry import FULL, EngineGeometry, KVGroup
 from kvstore.vllm.hybrid import HybridPlanner
 from kvstore.vllm.hybrid_lookup import HybridLookups
 from kvstore.vllm.load_plans import load_segments, tokens_by_tier
 from kvstore.vllm.metadata import KVStoreConnectorMetadata, KVStoreWorkerMetadata
+from kvstore.vllm.request_table import RequestTable
 from kvstore.vllm.requests import JobLedger, JobState, RequestState
 from kvstore.vllm.step_timing import StepTimer
 from kvstore.vllm.store_plans import ChunksByGroup, StorePlans
@@ -82,7 +82,7 @@ class ConnectorScheduler:
         self._sync_load_budget_bytes = sync_load_budget_bytes
         self._sync_load_bytes = 0  # promised to this step's sync loads so far
         self._on_layout = on_layout
-        self._reqs: dict[str, RequestState] = {}
+        self._reqs = RequestTable()
         self._jobs = JobLedger(num_workers)
         self._pending_loads: list[CopyJob] = []
         self._pending_stores: list[CopyJob] = []  # planned outside a step (request ends)
@@ -113,21 +113,14 @@ class ConnectorScheduler:
     def track(self, request: Request) -> None:
         """Start tracking a request vLLM just added (its chunks are stored even when vLLM
         never asks kvstore for a hit, e.g. `skip_reading_prefix_cache`)."""
-        self._state(request)
-
-    def _state(self, request: Request) -> RequestState:
-        state = self._reqs.get(request.request_id)
-        if state is None:
-            state = RequestState(request.request_id, request)
-            self._reqs[request.request_id] = state
-        return state
+        self._reqs.state(request)
 
     # -- lookups ----------------------------------------------------------------------------
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        state = self._state(request)
+        state = self._reqs.state(request)
         if state.load_job is not None:
             return None, False  # an earlier load is still in flight
         chunk_tokens = self._geo.num_tokens_per_chunk
@@ -151,8 +144,9 @@ class ConnectorScheduler:
         else:
             wanted = self.chunk_keys(request, start, max_chunks)
             entries = [(start + i, 0) for i in range(len(wanted))]
+            is_alone = self._reqs.is_alone(state)
             answer = self._pipeline.prepare_lookup(
-                state.req_id, wanted, skip_tokens=skip_tokens, is_alone=self._is_alone(state)
+                state.req_id, wanted, skip_tokens=skip_tokens, is_alone=is_alone
             )
             if answer.is_pending:
                 return None, False
@@ -168,13 +162,6 @@ class ConnectorScheduler:
         state.is_sync_load = self._take_sync_budget(num_hits)
         return num_hit_tokens, not state.is_sync_load
 
-    def _is_alone(self, state: RequestState) -> bool:
-        """Whether `state`'s is the only request in the engine (no other would be scheduled
-        while its lookup blocks)."""
-        return not any(
-            other is not state and not other.is_finished for other in self._reqs.values()
-        )
-
     def _take_sync_budget(self, num_chunks: int) -> bool:
         """Whether a CPU-resident hit of `num_chunks` loads in the step that schedules it
         (before its forward) rather than over the next steps: while this step's sync loads
@@ -188,7 +175,7 @@ class ConnectorScheduler:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        state = self._state(request)
+        state = self._reqs.state(request)
         if num_external_tokens == 0:
             self._pipeline.release(state.req_id)
             return
@@ -240,7 +227,7 @@ class ConnectorScheduler:
         meta = KVStoreConnectorMetadata(load_jobs=self._pending_loads, timed_step=timed_step)
         self._pending_loads = []
         self._sync_load_bytes = 0  # the next schedule() is a new step
-        self._update_block_ids(scheduler_output)
+        self._reqs.follow_block_ids(scheduler_output)
         for req_id in scheduler_output.preempted_req_ids or ():
             state = self._reqs.get(req_id)
             if state is not None and state.store_jobs:
@@ -255,27 +242,6 @@ class ConnectorScheduler:
         self._pending_stores = []
         meta.finished_store_reqs, self._pending_finished = self._pending_finished, []
         return meta
-
-    def _update_block_ids(self, scheduler_output: SchedulerOutput) -> None:
-        """Follow each request's block table: new requests (and, on vLLM 0.34, resumed ones)
-        bring it whole; running ones append to it, resumed ones on 0.32/0.33 replace it."""
-        for data in scheduler_output.scheduled_new_reqs:
-            state = self._reqs.get(data.req_id)
-            if state is not None:
-                state.block_ids = [list(ids) for ids in data.block_ids]
-        cached = scheduler_output.scheduled_cached_reqs
-        resumed = resumed_req_ids(cached)
-        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
-            state = self._reqs.get(req_id)
-            if state is None:
-                continue
-            if req_id in resumed:
-                state.block_ids = [list(ids) for ids in new_block_ids or ()]
-            elif new_block_ids:
-                if not state.block_ids:
-                    state.block_ids = [[] for _ in new_block_ids]
-                for ids, new in zip(state.block_ids, new_block_ids, strict=True):
-                    ids.extend(new)
 
     def _plan_store(self, state: RequestState, num_scheduled_tokens: int) -> CopyJob | None:
         geo = self._geo
@@ -328,7 +294,7 @@ class ConnectorScheduler:
         for req_id in output.finished_sending or ():
             state = self._reqs.get(req_id)
             if state is not None and state.is_finished and not state.has_jobs:
-                del self._reqs[req_id]
+                self._reqs.drop(req_id)
         self._pipeline.poll()
 
     def _observe_step(self, num_tokens: int, duration_s: float) -> None:
@@ -356,7 +322,7 @@ class ConnectorScheduler:
         # a request vLLM keeps alive for its stores is cleaned up on finished_sending
         is_done = state is not None and state.is_finished and not state.has_jobs
         if is_done and state is not None and not state.is_waiting_for_stores:
-            del self._reqs[job.req_id]
+            self._reqs.drop(job.req_id)
 
     def request_finished(
         self, request: Request, block_ids: Sequence[list[int]] | None = None
@@ -376,7 +342,7 @@ class ConnectorScheduler:
             self._pending_finished.append(state.req_id)
             return True, None  # vLLM keeps the blocks until the workers report the stores done
         if state.load_job is None:
-            del self._reqs[request.request_id]
+            self._reqs.drop(request.request_id)
         return False, None
 
     # -- events and state -------------------------------------------------------------------
@@ -399,7 +365,7 @@ class ConnectorScheduler:
         stores (`finished_sending`, one step after `request_finished`, even when the stores
         completed in the step the request finished): vLLM steps on for them by itself
         (`has_finished_requests`); a drain of an idle engine must too."""
-        return any(state.is_waiting_for_stores for state in self._reqs.values())
+        return any(state.is_waiting_for_stores for state in self._reqs)
 
     @property
     def num_tracked_requests(self) -> int:
