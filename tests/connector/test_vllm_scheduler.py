@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvstore.vllm.compat import resumed_req_ids
-from kvstore.vllm.scheduler import ConnectorScheduler
+from kvstore.vllm.request_table import RequestTable
 from kvstore.vllm.worker import ConnectorWorker
 
 from .vllm_loop import BLOCK, Loop, kv_cache_config, make_loop, vllm_config
@@ -97,21 +97,20 @@ def test_the_check_catches_a_resume_that_extends_the_old_block_table(
 ) -> None:
     """Planted fault: the scheduler half appends a resumed request's new block table to the
     old one instead of replacing it (what ignoring `resumed_req_ids` does on 0.32/0.33)."""
-    follow = ConnectorScheduler._update_block_ids
+    follow = RequestTable.follow_block_ids
 
-    def append_on_resume(self: ConnectorScheduler, output: Any) -> None:
-        old = {req_id: [list(ids) for ids in state.block_ids]
-               for req_id, state in self._reqs.items()}  # fmt: skip
+    def append_on_resume(self: RequestTable, output: Any) -> None:
+        old = {state.req_id: [list(ids) for ids in state.block_ids] for state in self}
         follow(self, output)
         resumed = {data.req_id for data in output.scheduled_new_reqs}
         resumed |= set(resumed_req_ids(output.scheduled_cached_reqs))
         for req_id in resumed & set(old):
-            if old[req_id]:
-                state = self._reqs[req_id]
+            state = self.get(req_id)
+            if old[req_id] and state is not None:
                 new = state.block_ids or [[] for _ in old[req_id]]
                 state.block_ids = [o + n for o, n in zip(old[req_id], new, strict=True)]
 
-    monkeypatch.setattr(ConnectorScheduler, "_update_block_ids", append_on_resume)
+    monkeypatch.setattr(RequestTable, "follow_block_ids", append_on_resume)
     loop = make_loop(tiny_model_dir, tmp_path, monkeypatch, num_blocks=7)
     try:
         run_with_preemption(loop)
